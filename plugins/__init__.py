@@ -1,0 +1,1 @@
+"""Extension points of slime-like and their shipped examples."""

@@ -1,0 +1,1 @@
+"""Rollout: SGLang servers behind sglang-router, generate functions, rewards and filters."""

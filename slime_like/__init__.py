@@ -1,0 +1,1 @@
+"""slime-like: a Megatron + SGLang native RL post-training engine."""
