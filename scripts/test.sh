@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install what is missing, lint, and run the whole test suite (what CI runs).
+#   bash scripts/test.sh                 # everything
+#   bash scripts/test.sh -m "not integration"   # extra args go to pytest
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+OMP_NUM_THREADS=1 exec .venv/bin/pytest "$@"
