@@ -1,0 +1,1 @@
+"""Loss and advantage math, one module per algorithm."""

@@ -1,0 +1,27 @@
+"""Estimators of KL(pi || pi_ref) from samples of pi, per token.
+
+With log-ratio d = log pi(a|s) - log pi_ref(a|s) for a ~ pi (John Schulman, "Approximating KL
+Divergence", 2020): k1 = d (unbiased), k2 = d^2 / 2 (low variance, biased), k3 = exp(-d) - 1 + d
+(unbiased, non-negative). `low_var_kl` is k3 with d clamped to [-10, 10] against overflow, as used
+by GRPO (Shao et al., 2024, "DeepSeekMath", eq. 4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
+    """Per-token KL estimate of the chosen type."""
+    d = log_probs - ref_log_probs
+    if kl_type == "k1":
+        return d
+    if kl_type == "k2":
+        return 0.5 * d * d
+    if kl_type == "low_var_kl":
+        d = torch.clamp(d, -10.0, 10.0)
+    elif kl_type != "k3":
+        raise ValueError(f"--kl-loss-type {kl_type!r}: choose one of {KL_TYPES}")
+    return torch.exp(-d) - 1.0 + d

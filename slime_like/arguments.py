@@ -1,0 +1,84 @@
+"""Command-line arguments: each module adds its own group; parsed before any heavy import."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from buffer.arguments import add_data_arguments
+from rollout.arguments import add_rollout_arguments, sglang_passthrough
+from slime_like.training_arguments import add_algorithm_arguments, add_checkpoint_arguments, add_megatron_arguments
+
+
+class ArgumentError(ValueError):
+    """Arguments that contradict each other, with the flags to change in the message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser of a training run."""
+    parser = argparse.ArgumentParser(
+        description="slime-like: RL post-training with Megatron (training) and SGLang (rollout)",
+        allow_abbrev=False,
+    )
+    add_checkpoint_arguments(parser)
+    add_data_arguments(parser)
+    add_rollout_arguments(parser)
+    add_megatron_arguments(parser)
+    add_algorithm_arguments(parser)
+    g = parser.add_argument_group("logging")
+    g.add_argument("--output-dir", default="outputs/run", help="metrics.jsonl, plots and logs go here")
+    g.add_argument("--use-tensorboard", action="store_true")
+    g.add_argument("--use-wandb", action="store_true")
+    g.add_argument("--wandb-project", default="slime-like")
+    g.add_argument("--ray-num-cpus", type=int, default=8, help="logical CPUs of a local Ray instance")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and validate; unknown flags other than `--sglang-*` are an error, never ignored."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    args.sglang_server_args, rest = sglang_passthrough(unknown)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        validate(args)
+    except ArgumentError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Fill derived defaults and reject contradictions, naming the flags involved."""
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is None:
+        args.global_batch_size = samples
+    if samples % args.global_batch_size:
+        raise ArgumentError(
+            f"--rollout-batch-size x --n-samples-per-prompt = {samples} samples per rollout must be a multiple "
+            f"of --global-batch-size {args.global_batch_size}"
+        )
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    args.world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    if args.world_size % model_parallel:
+        raise ArgumentError(
+            f"trainer ranks (--actor-num-nodes x --actor-num-gpus-per-node = {args.world_size}) must be a multiple of "
+            f"TP x PP x CP = {model_parallel}"
+        )
+    args.data_parallel_size = args.world_size // model_parallel
+    if args.global_batch_size % args.data_parallel_size:
+        raise ArgumentError(
+            f"--global-batch-size {args.global_batch_size} must divide over {args.data_parallel_size} DP ranks"
+        )
+    if args.save_interval and not args.save:
+        raise ArgumentError("--save-interval needs --save DIR")
+    if args.load and not os.path.isdir(args.load):
+        raise ArgumentError(f"--load {args.load}: no such directory")
+    if not os.path.isfile(os.path.join(args.hf_checkpoint, "config.json")):
+        raise ArgumentError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
+    if args.eval_interval and not args.eval_prompt_data:
+        raise ArgumentError("--eval-interval needs --eval-prompt-data")
+    if args.use_kl_loss and args.kl_loss_coef == 0:
+        raise ArgumentError("--use-kl-loss needs a non-zero --kl-loss-coef")
