@@ -89,6 +89,8 @@ async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[st
     if params["max_new_tokens"] <= 0:
         sample.status = Status.TRUNCATED
         return sample
+    # A per-sample seed makes sampling reproducible on servers run with --enable-deterministic-inference.
+    params.setdefault("sampling_seed", (ctx.args.rollout_seed * 1_000_003 + (sample.index or 0)) % (2**31))
     rid = f"sample-{sample.index}-{uuid.uuid4().hex[:8]}"
     sample.metadata["rid"] = rid
     payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}

@@ -1,0 +1,28 @@
+"""Per-rollout metrics computed from finished groups."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from buffer.train_data import scalar_reward
+from slime_like.sample import Sample, Status
+
+
+def rollout_metrics(groups: list[list[Sample]], reward_key: str | None, prefix: str = "rollout") -> dict[str, Any]:
+    """Reward mean/std, response lengths, and the share of each finish status."""
+    samples = [s for g in groups for s in g]
+    rewards = [scalar_reward(s, reward_key) for s in samples]
+    lengths = [s.response_length for s in samples]
+    n = max(1, len(samples))
+    metrics = {
+        f"{prefix}/num_samples": len(samples),
+        f"{prefix}/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        f"{prefix}/reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+        f"{prefix}/response_len_mean": statistics.fmean(lengths) if lengths else 0.0,
+        f"{prefix}/response_len_max": max(lengths, default=0),
+        f"{prefix}/generated_tokens": sum(lengths),
+    }
+    for status in (Status.TRUNCATED, Status.ABORTED, Status.FAILED):
+        metrics[f"{prefix}/{status.value}_rate"] = sum(s.status == status for s in samples) / n
+    return metrics

@@ -1,0 +1,57 @@
+"""The trainer ranks as Ray actors, driven together from the main loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from buffer.train_data import TrainData
+from slime_like.actor import TrainActor
+from slime_like.placement import Placement
+
+
+@ray.remote
+class _RankInfo:
+    """Finds a free port on the node of trainer rank 0 (torch.distributed's rendezvous)."""
+
+    def address(self) -> tuple[str, int]:
+        from slime_like.process import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip)
+
+
+class TrainGroup:
+    """All trainer ranks; each call runs on every rank and returns rank 0's answer."""
+
+    def __init__(self, args: Any, placement: Placement) -> None:
+        first = placement.actor_bundles[0]
+        probe = _RankInfo.options(**placement.options(first, num_cpus=0.01)).remote()
+        addr, port = ray.get(probe.address.remote())
+        ray.kill(probe)
+        remote_cls = ray.remote(TrainActor)
+        self.actors = [
+            remote_cls.options(**placement.options(bundle)).remote(args, rank, addr, port)
+            for rank, bundle in enumerate(placement.actor_bundles)
+        ]
+
+    def _all(self, method: str, *args: Any) -> Any:
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+
+    def train(self, rollout_id: int, data: TrainData) -> dict[str, float]:
+        """One rollout's optimizer steps on every rank."""
+        ref = ray.put(data)
+        return self._all("train", rollout_id, ref)
+
+    def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
+        """Push weights into the servers; returns seconds taken on rank 0."""
+        return self._all("update_weights", server_urls, version, transport, output_dir)
+
+    def save(self, directory: str) -> None:
+        """Collective Megatron checkpoint."""
+        self._all("save", directory)
+
+    def load(self, directory: str) -> None:
+        """Collective Megatron checkpoint load."""
+        self._all("load", directory)

@@ -1,0 +1,101 @@
+"""Metrics of a run: appended to metrics.jsonl, printed as one line, optionally to tensorboard/wandb, plotted."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_KEYS = (
+    ("rollout/reward_mean", "reward"),
+    ("eval/reward_mean", "eval"),
+    ("rollout/response_len_mean", "len"),
+    ("train/loss", "loss"),
+    ("train/grad_norm", "gnorm"),
+    ("train/train_rollout_logprob_abs_diff", "mismatch"),
+    ("time/step", "step_s"),
+)
+
+
+class MetricsLogger:
+    """One record per rollout step, to every sink that is enabled."""
+
+    def __init__(
+        self, output_dir: str | Path, args: Any = None, use_tensorboard: bool = False, use_wandb: bool = False
+    ) -> None:
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self.tb = self.wandb = None
+        if use_tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.dir / "tensorboard"))
+            except ImportError as exc:
+                raise RuntimeError("--use-tensorboard needs the tensorboard package: pip install tensorboard") from exc
+        if use_wandb:
+            try:
+                import wandb
+            except ImportError as exc:
+                raise RuntimeError("--use-wandb needs the wandb package: pip install wandb") from exc
+            self.wandb = wandb.init(
+                project=getattr(args, "wandb_project", "slime-like"), config=vars(args) if args else None
+            )
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one record and print the summary line."""
+        record = {"step": step, **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        parts = [f"{short}={metrics[key]:.4g}" for key, short in SUMMARY_KEYS if key in metrics]
+        print(f"[step {step}] " + " ".join(parts), flush=True)
+        numeric = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.tb is not None:
+            for key, value in numeric.items():
+                self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(numeric, step=step)
+
+    def plot(self) -> Path | None:
+        """Reward and per-phase time curves as PNG next to metrics.jsonl."""
+        return plot_metrics(self.path, self.dir / "curves.png")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(metrics_path: str | Path, out: str | Path) -> Path | None:
+    """Plot reward (train and eval) and phase times against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    if not records:
+        return None
+    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("rollout/reward_mean", "rollout reward"), ("eval/reward_mean", "eval reward")):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            ax_r.plot(*zip(*points, strict=True), marker="." if "eval" in key else None, label=label)
+    ax_r.set_xlabel("rollout step")
+    ax_r.set_ylabel("reward")
+    ax_r.legend()
+    time_keys = sorted({k for r in records for k in r if k.startswith("time/")})
+    for key in time_keys:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        ax_t.plot(*zip(*points, strict=True), label=key.removeprefix("time/"))
+    ax_t.set_xlabel("rollout step")
+    ax_t.set_ylabel("seconds")
+    ax_t.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return Path(out)

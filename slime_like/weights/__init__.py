@@ -1,0 +1,1 @@
+"""Weight-update transports: trainer (HF-named full tensors) -> running SGLang servers, in place."""

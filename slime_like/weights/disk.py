@@ -1,0 +1,56 @@
+"""Disk transport: write HF safetensors, then each server reloads them with /update_weights_from_disk."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from slime_like.weights.base import NamedTensors, WeightTransport, buckets
+from slime_like.weights.server_calls import flush_cache, on_all, post
+
+# Files a server needs besides the weights to load a model directory.
+_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+
+
+class DiskTransport(WeightTransport):
+    """Writes `<dir>/v<version>/` (config and tokenizer copied from the HF checkpoint), keeping the last two."""
+
+    def __init__(self, server_urls: list[str], bucket_bytes: int, hf_checkpoint: str, directory: str) -> None:
+        super().__init__(server_urls, bucket_bytes)
+        self.hf_checkpoint = Path(hf_checkpoint)
+        self.directory = Path(directory)
+
+    def send(self, named_tensors: NamedTensors, version: int) -> None:
+        """Write the shards, flush, reload on every server, flush again."""
+        target = self.write(named_tensors, version)
+        on_all(self.server_urls, flush_cache)
+        on_all(
+            self.server_urls,
+            post,
+            "/update_weights_from_disk",
+            {"model_path": str(target), "weight_version": str(version)},
+        )
+        on_all(self.server_urls, flush_cache)
+        for old in self.directory.glob("v*"):
+            if old != target and old.name != f"v{version - 1}":
+                shutil.rmtree(old, ignore_errors=True)
+
+    def write(self, named_tensors: NamedTensors, version: int) -> Path:
+        """An HF checkpoint directory holding these tensors (one safetensors shard per bucket)."""
+        target = self.directory / f"v{version}"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for name in _MODEL_FILES:
+            if (self.hf_checkpoint / name).exists():
+                shutil.copy(self.hf_checkpoint / name, target / name)
+        for i, bucket in enumerate(buckets(named_tensors, self.bucket_bytes)):
+            save_file({n: t.detach().contiguous().cpu() for n, t in bucket}, target / f"model-{i:05d}.safetensors")
+        return target
