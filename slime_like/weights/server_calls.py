@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import requests
+
+from rollout.sglang_server import flush_cache
+
+__all__ = ["WeightUpdateError", "flush_cache", "on_all", "post"]
 
 
 class WeightUpdateError(RuntimeError):
@@ -25,22 +28,6 @@ def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: fl
     if isinstance(body, dict) and body.get("success") is False:
         raise WeightUpdateError(f"{url}{path} reported failure: {body.get('message')}")
     return body
-
-
-def flush_cache(url: str, timeout: float = 60.0) -> None:
-    """POST /flush_cache until it answers 200: it refuses while requests are still running."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if requests.post(f"{url}/flush_cache", timeout=10).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            raise WeightUpdateError(
-                f"{url}/flush_cache did not succeed within {timeout:.0f}s (requests still running?)"
-            )
-        time.sleep(0.2)
 
 
 def on_all(urls: list[str], fn: Any, *args: Any) -> list[Any]:

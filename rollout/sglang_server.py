@@ -1,0 +1,197 @@
+"""Launch one SGLang server (CPU or GPU), wait until it is healthy, and talk to its basic endpoints."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from slime_like.process import ManagedProcess, check_port_free, free_port
+
+# CPU-only settings measured in shared/RUNTIME.md; on GPU none of them apply.
+CPU_FLAGS = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--sleep-on-idle",  # else an idle scheduler busy-polls most of a core
+)  # fmt: skip
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",  # without it SGLang takes the GPU path and fails importing vllm
+    "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",  # else every /health runs a generation
+}
+# Without a cap SGLang reserves a ~15 GB KV cache on CPU and takes ~55 s to start.
+CPU_MAX_TOTAL_TOKENS = 65536
+# SGLang derives a gRPC port as port + 10000 and refuses to start if that exceeds 65535, even with gRPC off;
+# the OS hands out ports up to 60999, so free ports are drawn from a range that keeps port + 10000 valid.
+PORT_RANGE = (20000, 55000)
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (imported lazily: torch is slow to import)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def validate_model_path(model_path: str | Path) -> Path:
+    """Return the checkpoint directory, or raise FileNotFoundError naming what is missing."""
+    path = Path(model_path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"SGLang model path {str(path)!r} does not exist or is not a directory; "
+            "pass a Hugging Face checkpoint directory (config.json, tokenizer and weights)"
+        )
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"SGLang model path {str(path)!r} has no config.json; it must be a Hugging Face checkpoint directory "
+            "(convert a Megatron checkpoint to HF first)"
+        )
+    return path
+
+
+class SGLangServer:
+    """One `python -m sglang.launch_server` process, its URL and its log."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        log_dir: str | Path | None = None,
+        startup_timeout: float = 180.0,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_total_tokens: int | None = None,
+        mem_fraction_static: float | None = None,
+        omp_num_threads: int | None = None,
+        stop_timeout: float = 15.0,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.host = host
+        self.port = port
+        self.extra_args = list(extra_args)
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.startup_timeout = startup_timeout
+        self.device = device
+        self.dtype = dtype
+        self.max_total_tokens = max_total_tokens
+        self.mem_fraction_static = mem_fraction_static
+        self.omp_num_threads = omp_num_threads
+        self.stop_timeout = stop_timeout
+        self.process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL, e.g. http://127.0.0.1:30000 (known once start() has chosen the port)."""
+        if self.port is None:
+            raise RuntimeError("SGLangServer has no port yet: call start() first")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The server's combined stdout/stderr log."""
+        if self.process is None:
+            raise RuntimeError("SGLangServer has no log yet: call start() first")
+        return self.process.log_path
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The launch command and the extra environment for this server."""
+        on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")) == "cpu"
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.model_path)]
+        cmd += ["--host", self.host, "--port", str(self.port)]
+        env: dict[str, str] = {}
+        if on_cpu:
+            cmd += CPU_FLAGS
+            env.update(CPU_ENV)
+            # One thread per process: two threads were 3-5x slower when several processes share 2 cores.
+            env["OMP_NUM_THREADS"] = str(self.omp_num_threads or 1)
+        elif self.omp_num_threads:
+            env["OMP_NUM_THREADS"] = str(self.omp_num_threads)
+        max_tokens = self.max_total_tokens or (CPU_MAX_TOTAL_TOKENS if on_cpu else None)
+        if max_tokens:
+            cmd += ["--max-total-tokens", str(max_tokens)]
+        if self.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
+        if self.dtype:
+            cmd += ["--dtype", self.dtype]
+        return cmd + self.extra_args, env
+
+    def start(self, wait: bool = True) -> SGLangServer:
+        """Validate the inputs, launch the server and (by default) wait until /health answers 200."""
+        if self.process is not None:
+            raise RuntimeError(f"SGLang server at {self.url} was already started")
+        validate_model_path(self.model_path)
+        if self.port is None:
+            self.port = free_port(self.host, *PORT_RANGE)
+        if self.port + 10000 > 65535 and "SGLANG_GRPC_PORT" not in os.environ:
+            raise ValueError(
+                f"SGLang port {self.port} is too high: SGLang derives a gRPC port as port + 10000 and refuses one "
+                "above 65535; use a port below 55536 (or leave it unset), or set SGLANG_GRPC_PORT"
+            )
+        check_port_free(self.host, self.port)
+        cmd, env = self.command()
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="slime_like_sglang_"))
+        log_path = log_dir / f"sglang_{self.port}.log"
+        self.process = ManagedProcess(cmd, log_path, env=env, name=f"SGLang server (port {self.port})").start()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until /health answers 200; on failure stop the server and raise ProcessStartError."""
+        if self.process is None:
+            raise RuntimeError("SGLangServer.wait_ready() before start()")
+        try:
+            self.process.wait_http_ok(f"{self.url}/health", timeout=self.startup_timeout, what="healthy")
+        except BaseException:
+            self.stop()  # a half-started server must not linger
+            raise
+
+    def stop(self) -> int | None:
+        """Stop the server (SIGTERM, SIGKILL after `stop_timeout`); return its exit status."""
+        return self.process.stop(self.stop_timeout) if self.process else None
+
+    def __enter__(self) -> SGLangServer:
+        return self if self.process else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def flush_cache(url: str, attempts: int = 30, interval: float = 1.0, timeout: float = 10.0) -> None:
+    """POST /flush_cache until it answers 200 (it refuses while requests are in flight); raise after `attempts`."""
+    last = "no answer"
+    for _ in range(attempts):
+        try:
+            resp = requests.post(f"{url}/flush_cache", timeout=timeout)
+            if resp.status_code == 200:
+                return
+            last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        except requests.RequestException as exc:
+            last = repr(exc)
+        time.sleep(interval)
+    raise RuntimeError(f"{url}/flush_cache did not answer 200 after {attempts} attempts; last answer: {last}")
+
+
+def generate(
+    url: str,
+    input_ids: list[int],
+    sampling_params: dict[str, Any] | None = None,
+    return_logprob: bool = False,
+    timeout: float = 120.0,
+    **fields: Any,
+) -> dict[str, Any]:
+    """POST /generate for one token-id prompt and return the JSON answer (text, output_ids, meta_info)."""
+    payload = {"input_ids": input_ids, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
+    resp = requests.post(f"{url}/generate", json={**payload, **fields}, timeout=timeout)
+    if resp.status_code != 200:
+        raise RuntimeError(f"{url}/generate answered HTTP {resp.status_code}: {resp.text[:500]}")
+    return resp.json()
