@@ -1,10 +1,9 @@
-"""Finished groups -> training data: group reward normalisation, loss masks, DP split."""
+"""Finished groups -> training data: group reward normalisation, loss masks (the engine splits over DP)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from slime_like.sample import Sample, Status
 
@@ -64,16 +63,17 @@ def build_train_data(
 ) -> TrainData:
     """Normalise rewards within each group and collect the columns the trainer needs.
 
-    Samples with no response tokens (e.g. failed generation) take part in their group's
-    reward statistics but are not trained on: there is nothing to compute a loss over.
+    Failed samples (generation or reward function failed) and aborted ones carry no usable reward:
+    they neither take part in their group's statistics nor get trained on.
     """
     data = TrainData()
     for group in groups:
-        raw = [scalar_reward(s, reward_key) for s in group]
+        usable = [s for s in group if s.status not in (Status.FAILED, Status.ABORTED) and s.response_length > 0]
+        if not usable:
+            continue
+        raw = [scalar_reward(s, reward_key) for s in usable]
         normed = normalize_group_rewards(raw, use_std) if normalize else raw
-        for sample, r_raw, r in zip(group, raw, normed, strict=True):
-            if sample.response_length == 0 or sample.status == Status.ABORTED:
-                continue
+        for sample, r_raw, r in zip(usable, raw, normed, strict=True):
             mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
             if len(mask) != sample.response_length:
                 raise ValueError(
@@ -88,20 +88,3 @@ def build_train_data(
             data.sample_indices.append(sample.index)
             data.weight_versions.append(sample.weight_version)
     return data
-
-
-def split_for_dp(data: TrainData, dp_size: int) -> list[TrainData]:
-    """Balance rows over DP ranks by token count (longest first to the lightest rank); deterministic."""
-    order = sorted(range(len(data)), key=lambda i: (-len(data.tokens[i]), i))
-    loads = [0] * dp_size
-    parts: list[list[int]] = [[] for _ in range(dp_size)]
-    for i in order:
-        rank = min(range(dp_size), key=lambda r: (loads[r], r))
-        parts[rank].append(i)
-        loads[rank] += len(data.tokens[i])
-    return [data.select(sorted(p)) for p in parts]
-
-
-def summarize(data: TrainData) -> dict[str, Any]:
-    """Counts used in metrics."""
-    return {"num_samples": len(data), "num_tokens": data.num_tokens()}

@@ -168,6 +168,18 @@ class RolloutManager:
         if not await score_sample(self.reward_fn, self.args, sample):
             ctx.count("reward_failed")
 
+    def release_memory(self) -> None:
+        """Colocated on GPU: free the servers' weights and KV cache while the trainer runs."""
+        from slime_like.weights.server_calls import on_all, post
+
+        on_all(self.server_urls(), post, "/release_memory_occupation", {})
+
+    def resume_memory(self) -> None:
+        """Colocated on GPU: take the memory back before weights are updated and generation resumes."""
+        from slime_like.weights.server_calls import on_all, post
+
+        on_all(self.server_urls(), post, "/resume_memory_occupation", {})
+
     def state_dict(self) -> dict[str, Any]:
         """The buffer's state, saved with the checkpoint."""
         return self.buffer.state_dict()

@@ -21,11 +21,11 @@ def policy_loss_fn(args: Any, num_tokens: int):
 
     def loss_fn(logprobs: list[torch.Tensor], data: list[dict[str, Any]], entropy: list[torch.Tensor]):
         loss = logprobs[0].new_zeros(())
-        stats = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy": 0.0, "kl_loss": 0.0}
+        stats = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "ppo_ratio_abs_dev": 0.0, "entropy": 0.0, "kl_loss": 0.0}
         for lp, e, d in zip(logprobs, entropy, data, strict=True):
             n = d["response_length"]
             resp_lp, mask = lp[-n:], d["loss_mask"]
-            pg, _, clipped = ppo_clip_loss(
+            pg, ratio, clipped = ppo_clip_loss(
                 resp_lp, d["old_log_probs"], d["advantages"], args.eps_clip, args.eps_clip_high
             )
             per_token = pg - args.entropy_coef * e[-n:]
@@ -35,6 +35,7 @@ def policy_loss_fn(args: Any, num_tokens: int):
                 stats["kl_loss"] += float((kl * mask).sum()) / num_tokens
             loss = loss + (per_token * mask).sum() / num_tokens
             stats["pg_clipfrac"] += float((clipped * mask).sum()) / num_tokens
+            stats["ppo_ratio_abs_dev"] += float(((ratio.detach() - 1).abs() * mask).sum()) / num_tokens
             stats["ppo_kl"] += float(((d["old_log_probs"] - resp_lp.detach()) * mask).sum()) / num_tokens
             stats["entropy"] += float((e[-n:].detach() * mask).sum()) / num_tokens
         return loss, stats

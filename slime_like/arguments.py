@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-tensorboard", action="store_true")
     g.add_argument("--use-wandb", action="store_true")
     g.add_argument("--wandb-project", default="slime-like")
+    g.add_argument(
+        "--save-debug-rollout-data", action="store_true", help="write every rollout's samples to output-dir/rollouts/"
+    )
     g.add_argument("--ray-num-cpus", type=int, default=8, help="logical CPUs of a local Ray instance")
     return parser
 

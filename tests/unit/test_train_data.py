@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from buffer.train_data import build_train_data, normalize_group_rewards, split_for_dp
+from buffer.train_data import build_train_data, normalize_group_rewards
 from slime_like.sample import Sample, Status
 
 
@@ -33,15 +33,18 @@ def _sample(index: int, reward: float, n_resp: int, status: Status = Status.COMP
     )
 
 
-def test_build_train_data_skips_untrainable_but_keeps_group_stats() -> None:
-    group = [_sample(0, 1.0, 2), _sample(1, 0.0, 0, Status.FAILED), _sample(2, 0.0, 4)]
+def test_build_train_data_leaves_failed_samples_out_of_stats_and_training() -> None:
+    group = [_sample(0, 1.0, 2), _sample(1, 0.0, 3, Status.FAILED), _sample(2, 0.0, 4), _sample(3, 0.0, 1)]
     data = build_train_data([group])
-    # Group mean 1/3 includes the failed sample; it is not trained on (no response tokens).
-    assert data.sample_indices == [0, 2]
-    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
-    assert data.rewards == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)])
-    assert data.loss_masks == [[1, 1], [1, 1, 1, 1]]
-    assert data.raw_rewards == [1.0, 0.0]
+    # The failed sample's reward is unknown: group stats over rewards [1, 0, 0] only.
+    assert data.sample_indices == [0, 2, 3]
+    # mean 1/3, deviations [2/3, -1/3, -1/3], population std sqrt((4/9 + 1/9 + 1/9) / 3) = sqrt(2)/3.
+    std = 2**0.5 / 3
+    assert data.rewards == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)])
+    assert data.loss_masks == [[1, 1], [1, 1, 1, 1], [1]]
+    assert data.raw_rewards == [1.0, 0.0, 0.0]
+    # A group with nothing usable contributes nothing.
+    assert len(build_train_data([[_sample(4, 0.0, 2, Status.FAILED)]])) == 0
 
 
 def test_dict_reward_needs_key() -> None:
@@ -50,11 +53,3 @@ def test_dict_reward_needs_key() -> None:
     with pytest.raises(ValueError, match="--reward-key"):
         build_train_data([[s]])
     assert build_train_data([[s]], normalize=False, reward_key="acc").rewards == [1.0]
-
-
-def test_dp_split_balances_tokens_and_keeps_every_row_once() -> None:
-    group = [_sample(i, float(i), n) for i, n in enumerate([10, 1, 1, 8, 2, 2])]
-    parts = split_for_dp(build_train_data([group], normalize=False), 2)
-    assert sorted(i for p in parts for i in p.sample_indices) == list(range(6))
-    # Longest-first greedy on lengths 13,11,5,5,4,4: r0 13, r1 11, r1 16, r0 18, r1 20, r0 22.
-    assert [p.num_tokens() for p in parts] == [22, 20]

@@ -1,0 +1,113 @@
+"""End-to-end runs of the real loop (Ray, SGLang, router, Megatron) as a user starts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+N_PROMPTS = 6
+N_SAMPLES = 2
+BATCH = 2  # prompts per rollout: one epoch is 3 rollouts
+
+# A reward plugin that raises for one label: those samples must be marked failed, the run go on.
+REWARD_PLUGIN = """
+from rollout.rewards import math_reward
+
+
+def reward(args, sample):
+    if sample.label == "4":
+        raise RuntimeError("reward service down")
+    return math_reward(sample)
+"""
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six addition prompts and the raising reward plugin."""
+    root = tmp_path_factory.mktemp("task")
+    rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(N_PROMPTS)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "raising_rm.py").write_text(REWARD_PLUGIN)
+    return root
+
+
+def run_loop(module: str, model: Path, task: Path, out: Path, *extra: str, num_rollout: int = 6) -> list[dict]:
+    """Run `python -m module` with a small config; return its metrics records."""
+    cmd = [
+        sys.executable, "-m", module,
+        "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"), "--rollout-shuffle",
+        "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N_SAMPLES),
+        "--num-rollout", str(num_rollout), "--rollout-max-response-len", "3", "--rollout-stop-token-ids", "2",
+        "--lr", "1e-3", "--output-dir", str(out), "--save-debug-rollout-data", "--ray-num-cpus", "4",
+        "--custom-rm-path", "raising_rm.reward", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def rollouts(out: Path) -> list[list[dict]]:
+    """The samples of every rollout, in order."""
+    files = sorted((out / "rollouts").glob("rollout_*.jsonl"))
+    return [[json.loads(line) for line in f.read_text().splitlines()] for f in files]
+
+
+def check_epochs(per_rollout: list[list[dict]]) -> None:
+    """Every prompt once per epoch, each with N_SAMPLES samples; no sample lost or duplicated."""
+    per_epoch = N_PROMPTS // BATCH
+    for epoch in range(len(per_rollout) // per_epoch):
+        samples = [s for r in per_rollout[epoch * per_epoch : (epoch + 1) * per_epoch] for s in r]
+        assert Counter(s["prompt"] for s in samples) == {f"{a}+{a}=": N_SAMPLES for a in range(N_PROMPTS)}
+    every = [s for r in per_rollout for s in r]
+    assert sorted(s["index"] for s in every) == list(range(len(every)))
+    assert all(s["status"] in ("completed", "truncated", "failed") for s in every)
+
+
+def check_reward_failures(records: list[dict], per_rollout: list[list[dict]]) -> None:
+    """Samples whose reward function raised are failed with reward 0 and counted; the run went on."""
+    failed = [s for r in per_rollout for s in r if s["label"] == "4"]
+    assert failed and all(s["status"] == "failed" and s["reward"] == 0.0 for s in failed)
+    assert all("reward service down" in s["metadata"]["reward_error"] for s in failed)
+    counted = sum(r.get("rollout/reward_failed", 0) for r in records)
+    assert counted == len(failed)
+
+
+def test_sync_colocated_distributed_update(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+    records = run_loop("slime_like.train", tiny_qwen3, task, tmp_path / "out", "--colocate")
+    per_rollout = rollouts(tmp_path / "out")
+    assert len(per_rollout) == 6
+    check_epochs(per_rollout)
+    check_reward_failures(records, per_rollout)
+    train = [r for r in records if "train/loss" in r]
+    assert len(train) == 6
+    # First step, before any update: recomputed log-probs equal the old ones, so the ratio is exactly 1.
+    assert train[0]["train/ppo_ratio_abs_dev"] == 0.0 and train[0]["train/pg_clipfrac"] == 0.0
+    # SGLang and Megatron agree on the rollout tokens, before and after weight updates.
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 5e-3 for r in train)
+    # Samples carry the weight version that produced them: rollout k ran on version k (synchronous).
+    assert [{s["weight_version"] for s in r} for r in per_rollout] == [{k} for k in range(6)]
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+
+
+def test_async_disaggregated_disk_update(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+    records = run_loop(
+        "slime_like.train_async", tiny_qwen3, task, tmp_path / "out", "--update-weight-transport", "disk"
+    )
+    per_rollout = rollouts(tmp_path / "out")
+    check_epochs(per_rollout)
+    check_reward_failures(records, per_rollout)
+    # One step ahead: rollout k+1 is generated while rollout k trains, so it still sees version k.
+    versions = [{s["weight_version"] for s in r} for r in per_rollout]
+    assert versions == [{0}, {0}, {1}, {2}, {3}, {4}]
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 5e-3 for r in records if "train/loss" in r)
