@@ -1,0 +1,48 @@
+"""Per-token log-probs and entropies from logits whose vocabulary is split over TP ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-prob of tokens[:, j+1] at position j from vocab-parallel logits [rows, T, V/tp] (last: 0)."""
+    from megatron.core import tensor_parallel
+
+    targets = torch.roll(tokens, -1, dims=1)
+    # vocab_parallel_cross_entropy works in place on its input: give it a float copy.
+    return -tensor_parallel.vocab_parallel_cross_entropy(logits.to(torch.float32, copy=True), targets)
+
+
+class _VocabParallelEntropy(torch.autograd.Function):
+    """Entropy of softmax over a vocabulary split across TP ranks, with an analytic backward.
+
+    dH/dz_i = -p_i (log p_i + H) needs only local p and the global H, so the backward is local
+    (autograd through the all-reduces would miss the other ranks' terms).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, group) -> torch.Tensor:
+        shift = logits.max(dim=-1, keepdim=True).values
+        dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=group)
+        z = logits - shift
+        sum_exp = z.exp().sum(-1, keepdim=True)
+        dist.all_reduce(sum_exp, group=group)
+        log_p = z - sum_exp.log()
+        entropy = -(log_p.exp() * log_p).sum(-1, keepdim=True)
+        dist.all_reduce(entropy, group=group)
+        ctx.save_for_backward(log_p, entropy)
+        return entropy.squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        log_p, entropy = ctx.saved_tensors
+        return -log_p.exp() * (log_p + entropy) * grad.unsqueeze(-1), None
+
+
+def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the full vocabulary, logits split over TP ranks ([..., V/tp])."""
+    from megatron.core import parallel_state as mpu
+
+    return _VocabParallelEntropy.apply(logits.float(), mpu.get_tensor_model_parallel_group())

@@ -1,0 +1,94 @@
+"""Start torch.distributed and Megatron's parallel state (TP/PP/EP/VPP; DP is what is left)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, seed_all
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """Initialise the default process group from RANK/WORLD_SIZE/MASTER_* (a world of 1 if unset)."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if ON_CUDA else "gloo"
+    timeout = timedelta(minutes=timeout_minutes)
+    if ON_CUDA:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        # A private world of one; the environment stays untouched for child processes.
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        dist.init_process_group(backend=backend, init_method=init_method, rank=0, world_size=1, timeout=timeout)
+
+
+def init_parallel(
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    vpp: int | None = None,
+    seed: int = 1234,
+) -> None:
+    """Initialise torch.distributed, Megatron parallel state (idempotent for equal sizes) and seeds."""
+    from megatron.core import parallel_state as mpu
+
+    apply_cpu_compat()
+    init_distributed()
+    if mpu.model_parallel_is_initialized():
+        same = (
+            mpu.get_tensor_model_parallel_world_size() == tp
+            and mpu.get_pipeline_model_parallel_world_size() == pp
+            and mpu.get_expert_model_parallel_world_size() == ep
+        )
+        if not same:
+            raise RuntimeError("Megatron parallel state already initialised with other sizes")
+    else:
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+        )
+    seed_all(seed)
+
+
+def destroy_parallel() -> None:
+    """Tear down Megatron parallel state and the default process group."""
+    from megatron.core import parallel_state as mpu
+
+    mpu.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def share_from_last_stage(local: Any, merge: Callable[[list[Any]], Any]) -> Any:
+    """Merge picklable per-rank results of the last pipeline stage over DP; return them on every rank."""
+    from megatron.core import parallel_state as mpu
+
+    merged = None
+    if mpu.is_pipeline_last_stage(ignore_virtual=True):
+        parts: list[Any] = [None] * mpu.get_data_parallel_world_size()
+        dist.all_gather_object(parts, local, group=mpu.get_data_parallel_group())
+        merged = merge(parts)
+    if mpu.get_pipeline_model_parallel_world_size() > 1:
+        box = [merged]
+        src = mpu.get_pipeline_model_parallel_last_rank()
+        dist.broadcast_object_list(box, src=src, group=mpu.get_pipeline_model_parallel_group())
+        merged = box[0]
+    return merged
