@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -127,6 +128,7 @@ class RolloutManager:
         metrics["rollout/time"] = elapsed
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(elapsed, 1e-9)
         metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
+        self._dump(f"rollout_{rollout_id:06d}", groups)
         return groups, metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, Any]:
@@ -143,7 +145,17 @@ class RolloutManager:
         self._run(self._run_groups(groups, params))
         metrics = rollout_metrics(groups, self.args.reward_key, prefix="eval")
         metrics["eval/time"] = time.monotonic() - start
+        self._dump(f"eval_{rollout_id:06d}", groups)
         return metrics
+
+    def _dump(self, name: str, groups: list[list[Sample]]) -> None:
+        """With --save-debug-rollout-data, keep every sample of this rollout (or eval) as jsonl."""
+        if not self.args.save_debug_rollout_data:
+            return
+        target = Path(self.args.output_dir) / "rollouts"
+        target.mkdir(parents=True, exist_ok=True)
+        with (target / f"{name}.jsonl").open("w") as f:
+            f.writelines(json.dumps(s.to_dict()) + "\n" for g in groups for s in g)
 
     def _run(self, coro: Awaitable[Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -42,8 +42,6 @@ class Run:
     def train(self, rollout_id: int, rollout: ray.ObjectRef) -> dict[str, Any]:
         """Wait for a rollout, turn it into training data and take this rollout's optimizer steps."""
         groups, metrics = ray.get(rollout)
-        if self.args.save_debug_rollout_data:
-            self._dump(rollout_id, groups)
         data = build_train_data(
             groups, use_std=not self.args.disable_grpo_std_normalization, reward_key=self.args.reward_key
         )
@@ -55,12 +53,6 @@ class Run:
         if offload:
             ray.get(self.rollout.resume_memory.remote())
         return metrics
-
-    def _dump(self, rollout_id: int, groups: list) -> None:
-        target = Path(self.args.output_dir) / "rollouts"
-        target.mkdir(parents=True, exist_ok=True)
-        with (target / f"rollout_{rollout_id:06d}.jsonl").open("w") as f:
-            f.writelines(json.dumps(s.to_dict()) + "\n" for g in groups for s in g)
 
     def update_weights(self, rollout_id: int) -> float:
         """Push the trained weights into every server, tagged with version rollout_id + 1."""
