@@ -42,9 +42,7 @@ class Run:
     def train(self, rollout_id: int, rollout: ray.ObjectRef) -> dict[str, Any]:
         """Wait for a rollout, turn it into training data and take this rollout's optimizer steps."""
         groups, metrics = ray.get(rollout)
-        data = build_train_data(
-            groups, use_std=not self.args.disable_grpo_std_normalization, reward_key=self.args.reward_key
-        )
+        data = build_train_data(groups, reward_key=self.args.reward_key)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
         offload = self.args.colocate and self.use_gpu
         if offload:
@@ -100,8 +98,18 @@ class Run:
         self.metrics.log(rollout_id, metrics)
 
     def finish(self) -> None:
-        """Plot the curves and stop the servers."""
+        """Evaluate the final weights and plot the curves."""
+        self.log(self.args.num_rollout, self.evaluate(self.args.num_rollout, force=True), time.monotonic())
         path = self.metrics.plot()
         if path:
             print(f"curves: {path}", flush=True)
-        ray.get(self.rollout.shutdown.remote())
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the servers and the router, also when the loop failed."""
+        try:
+            ray.get(self.rollout.shutdown.remote(), timeout=120)
+        except Exception as error:  # the rollout actor may be what failed; Ray then kills its processes
+            logger.warning("rollout shutdown: %r", error)

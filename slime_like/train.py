@@ -12,16 +12,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)  # before any heavy import: --help and argument errors are instant
     from slime_like.run import Run
 
-    run = Run(args)
-    for rollout_id in range(run.start_rollout, args.num_rollout):
-        start = time.monotonic()
-        metrics = run.evaluate(rollout_id)
-        metrics.update(run.train(rollout_id, run.generate(rollout_id)))
-        run.save(rollout_id)
-        metrics["time/update_weights"] = run.update_weights(rollout_id)
-        run.log(rollout_id, metrics, start)
-    run.log(args.num_rollout, run.evaluate(args.num_rollout, force=True), time.monotonic())
-    run.finish()
+    with Run(args) as run:
+        for rollout_id in range(run.start_rollout, args.num_rollout):
+            start = time.monotonic()
+            metrics = run.evaluate(rollout_id)
+            metrics.update(run.train(rollout_id, run.generate(rollout_id)))
+            run.save(rollout_id)
+            metrics["time/update_weights"] = run.update_weights(rollout_id)
+            run.log(rollout_id, metrics, start)
+        run.finish()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import time
 
-import ray
-
 from slime_like.arguments import parse_args
 
 
@@ -19,24 +17,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.colocate:
         raise SystemExit("train_async needs separate devices for training and rollout: drop --colocate")
+    import ray
+
     from slime_like.run import Run
 
-    run = Run(args)
-    upcoming = run.generate(run.start_rollout)
-    for rollout_id in range(run.start_rollout, args.num_rollout):
-        start = time.monotonic()
-        metrics = run.evaluate(rollout_id)
-        current = upcoming
-        ray.wait([current])
-        if rollout_id + 1 < args.num_rollout:
-            upcoming = run.generate(rollout_id + 1)
-        metrics.update(run.train(rollout_id, current))
-        run.save(rollout_id)
-        ray.wait([upcoming])  # never change weights under in-flight requests
-        metrics["time/update_weights"] = run.update_weights(rollout_id)
-        run.log(rollout_id, metrics, start)
-    run.log(args.num_rollout, run.evaluate(args.num_rollout, force=True), time.monotonic())
-    run.finish()
+    with Run(args) as run:
+        upcoming = run.generate(run.start_rollout)
+        for rollout_id in range(run.start_rollout, args.num_rollout):
+            start = time.monotonic()
+            metrics = run.evaluate(rollout_id)
+            current = upcoming
+            ray.wait([current])
+            if rollout_id + 1 < args.num_rollout:
+                upcoming = run.generate(rollout_id + 1)
+            metrics.update(run.train(rollout_id, current))
+            run.save(rollout_id)
+            ray.wait([upcoming])  # never change weights under in-flight requests
+            metrics["time/update_weights"] = run.update_weights(rollout_id)
+            run.log(rollout_id, metrics, start)
+        run.finish()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -12,12 +11,7 @@ import torch
 import torch.distributed as dist
 
 from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, seed_all
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from slime_like.process import free_port
 
 
 def init_distributed(timeout_minutes: int = 30) -> None:
@@ -32,7 +26,7 @@ def init_distributed(timeout_minutes: int = 30) -> None:
         dist.init_process_group(backend=backend, timeout=timeout)
     else:
         # A private world of one; the environment stays untouched for child processes.
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         dist.init_process_group(backend=backend, init_method=init_method, rank=0, world_size=1, timeout=timeout)
 
 
