@@ -67,5 +67,12 @@ def create_placement(args: Any) -> Placement:
         n = args.world_size + args.rollout_num_gpus
         group = placement_group([bundle] * n, strategy="PACK")
         placement = Placement(group, list(range(args.world_size)), args.world_size, args.world_size, 1.0, use_gpu)
-    ray.get(group.ready(), timeout=120)
+    try:
+        ray.get(group.ready(), timeout=120)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"Ray could not place {n} bundles of {bundle} in 120 s; the cluster has {ray.cluster_resources()}. "
+            "Lower --actor-num-nodes/--actor-num-gpus-per-node/--rollout-num-gpus, use --colocate, "
+            "or add nodes (ray start --address HEAD:6379 on each)"
+        ) from None
     return placement
