@@ -8,7 +8,7 @@ import argparse
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """Prompt data, grouping and batch-size flags."""
     g = parser.add_argument_group("data")
-    g.add_argument("--prompt-data", required=True, help="jsonl or parquet file of prompts")
+    g.add_argument("--prompt-data", default=None, help="jsonl or parquet file of prompts (or --data-source-path)")
     g.add_argument("--input-key", default="prompt", help="row key of the prompt (a string or chat messages)")
     g.add_argument("--label-key", default="label", help="row key of the label given to the reward function")
     g.add_argument("--metadata-key", default="metadata", help="row key of per-row metadata (optional in rows)")
@@ -19,3 +19,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--skip-bad-rows", action="store_true", help="skip and count unreadable rows instead of failing")
     g.add_argument("--rollout-batch-size", type=int, required=True, help="prompts per rollout")
     g.add_argument("--n-samples-per-prompt", type=int, default=1, help="samples per prompt (the GRPO group size)")
+    g.add_argument(
+        "--data-source-path",
+        default=None,
+        help="(args, tokenizer) -> data source with get_groups/state_dict/load_state_dict (default: --prompt-data)",
+    )

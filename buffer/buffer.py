@@ -3,34 +3,62 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from buffer.data_source import DataSource
 from slime_like.sample import Sample
+
+BufferFilter = Callable[[Any, list[list[Sample]], int], list[list[Sample]]]
 
 
 class Buffer:
-    """A FIFO of returned groups in front of a DataSource."""
+    """Returned groups in front of a data source; a buffer filter picks which returned groups run next."""
 
-    def __init__(self, source: DataSource) -> None:
-        self.source = source
+    def __init__(self, source: Any, buffer_filter: BufferFilter | None = None, args: Any = None) -> None:
+        self.source = source  # anything with get_groups(n), state_dict(), load_state_dict(state)
+        self.buffer_filter = buffer_filter
+        self.args = args
         self._returned: deque[list[Sample]] = deque()
 
     def __len__(self) -> int:
         return len(self._returned)
+
+    def returned_groups(self) -> list[list[Sample]]:
+        """The groups waiting in the buffer, oldest first."""
+        return list(self._returned)
 
     def add_groups(self, groups: list[list[Sample]]) -> None:
         """Hand groups back to be served again (e.g. aborted or partially generated)."""
         self._returned.extend(groups)
 
     def get_groups(self, num_groups: int) -> list[list[Sample]]:
-        """Returned groups first, then fresh ones from the data source."""
-        out = []
-        while self._returned and len(out) < num_groups:
-            out.append(self._returned.popleft())
+        """Returned groups first (chosen by the buffer filter, else oldest first), then fresh ones from the source."""
+        out = self._take_returned(num_groups)
         if len(out) < num_groups:
             out.extend(self.source.get_groups(num_groups - len(out)))
         return out
+
+    def _take_returned(self, num_groups: int) -> list[list[Sample]]:
+        if not self._returned:
+            return []
+        waiting = list(self._returned)
+        if self.buffer_filter is None:
+            chosen = waiting[:num_groups]
+        else:
+            chosen = self.buffer_filter(self.args, waiting, num_groups)
+            ids = {id(g) for g in waiting}
+            if (
+                len(chosen) > num_groups
+                or any(id(g) not in ids for g in chosen)
+                or len({id(g) for g in chosen}) < len(chosen)
+            ):
+                raise ValueError(
+                    f"--buffer-filter-path must return at most {num_groups} distinct groups taken from the list it "
+                    f"was given; it returned {len(chosen)}"
+                )
+        taken = {id(g) for g in chosen}
+        self._returned = deque(g for g in self._returned if id(g) not in taken)
+        return list(chosen)
 
     def state_dict(self) -> dict[str, Any]:
         """Data source position plus the groups still waiting in the buffer."""

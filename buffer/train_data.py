@@ -1,22 +1,10 @@
-"""Finished groups -> training data: group reward normalisation, loss masks (the engine splits over DP)."""
+"""Finished groups -> training data columns (the trainer computes advantages; the engine splits over DP)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from slime_like.sample import Sample, Status
-
-
-def normalize_group_rewards(rewards: list[float], use_std: bool = True, eps: float = 1e-6) -> list[float]:
-    """GRPO: (r - mean(group)) / (std(group) + eps); without std it is Dr.GRPO's r - mean."""
-    mean = sum(rewards) / len(rewards)
-    centred = [r - mean for r in rewards]
-    if not use_std:
-        return centred
-    # Population std (divide by n), as in the GRPO formulation over the sampled group.
-    std = math.sqrt(sum(c * c for c in centred) / len(rewards))
-    return [c / (std + eps) for c in centred]
 
 
 def scalar_reward(sample: Sample, reward_key: str | None = None) -> float:
@@ -36,9 +24,9 @@ class TrainData:
     tokens: list[list[int]] = field(default_factory=list)
     response_lengths: list[int] = field(default_factory=list)
     loss_masks: list[list[int]] = field(default_factory=list)
-    raw_rewards: list[float] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)  # after group normalisation
-    rollout_log_probs: list[list[float]] = field(default_factory=list)
+    raw_rewards: list[float] = field(default_factory=list)  # the task reward as scored
+    group_ids: list[int] = field(default_factory=list)  # samples of one prompt share an id
+    rollout_log_probs: list[list[float] | None] = field(default_factory=list)  # None: SGLang gave none
     sample_indices: list[int] = field(default_factory=list)
     weight_versions: list[int | None] = field(default_factory=list)
 
@@ -54,37 +42,32 @@ class TrainData:
         return sum(len(t) for t in self.tokens)
 
 
-def build_train_data(
-    groups: list[list[Sample]],
-    *,
-    normalize: bool = True,
-    use_std: bool = True,
-    reward_key: str | None = None,
-) -> TrainData:
-    """Normalise rewards within each group and collect the columns the trainer needs.
+def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = None) -> TrainData:
+    """Collect the columns the trainer needs; advantages (group baselines included) are the trainer's.
 
     Failed samples (generation or reward function failed) and aborted ones carry no usable reward:
-    they neither take part in their group's statistics nor get trained on.
+    they are left out, so they neither take part in their group's statistics nor get trained on.
     """
     data = TrainData()
-    for group in groups:
+    for group_id, group in enumerate(groups):
         usable = [s for s in group if s.status not in (Status.FAILED, Status.ABORTED) and s.response_length > 0]
-        if not usable:
-            continue
-        raw = [scalar_reward(s, reward_key) for s in usable]
-        normed = normalize_group_rewards(raw, use_std) if normalize else raw
-        for sample, r_raw, r in zip(usable, raw, normed, strict=True):
+        for sample in usable:
             mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
             if len(mask) != sample.response_length:
                 raise ValueError(
                     f"sample {sample.index}: loss_mask has {len(mask)} entries for {sample.response_length} response tokens"
                 )
+            logprobs = sample.rollout_log_probs
+            if logprobs is not None and len(logprobs) != sample.response_length:
+                raise ValueError(
+                    f"sample {sample.index}: {len(logprobs)} rollout log-probs for {sample.response_length} response tokens"
+                )
             data.tokens.append(list(sample.tokens))
             data.response_lengths.append(sample.response_length)
             data.loss_masks.append(list(mask))
-            data.raw_rewards.append(r_raw)
-            data.rewards.append(r)
-            data.rollout_log_probs.append(list(sample.rollout_log_probs or [0.0] * sample.response_length))
+            data.raw_rewards.append(scalar_reward(sample, reward_key))
+            data.group_ids.append(group_id)
+            data.rollout_log_probs.append(None if logprobs is None else list(logprobs))
             data.sample_indices.append(sample.index)
             data.weight_versions.append(sample.weight_version)
     return data

@@ -1,12 +1,16 @@
-"""Flags of rollout: SGLang servers, sampling, reward, plugins."""
+"""Flags of rollout: SGLang servers, sampling, dynamic sampling, reward, plugins, evaluation."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+# Built-in reward types of --rm-type (rollout/rewards.py maps each name to its scorer).
+RM_TYPES = ("math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote")
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    """Rollout, SGLang and reward flags (unknown `--sglang-X` flags are passed to SGLang as `--X`)."""
+    """Rollout, SGLang, reward, plugin and eval flags (unknown `--sglang-X` flags are passed to SGLang as `--X`)."""
     g = parser.add_argument_group("rollout")
     g.add_argument("--rollout-num-gpus", type=int, default=1, help="devices for rollout (SGLang servers on CPU)")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="SGLang tensor parallel size")
@@ -16,21 +20,120 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-max-response-len", type=int, default=1024)
     g.add_argument("--rollout-stop", nargs="*", default=None, help="stop strings")
     g.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=None)
-    g.add_argument("--sglang-server-concurrency", type=int, default=64, help="in-flight requests per server")
-    g.add_argument("--rollout-request-timeout", type=float, default=600.0, help="seconds per /generate request")
     g.add_argument(
+        "--sglang-server-concurrency", type=int, default=64, help="in-flight requests per server (x servers in all)"
+    )
+    g.add_argument("--rollout-request-timeout", type=float, default=600.0, help="seconds per /generate request")
+    g.add_argument("--sglang-startup-timeout", type=float, default=180.0)
+    g.add_argument(
+        "--router-policy",
+        default="round_robin",
+        choices=["round_robin", "cache_aware", "random", "power_of_two"],
+        help="how sglang-router spreads requests (cache_aware keeps a prefix on one server: good for multi-turn)",
+    )
+    d = parser.add_argument_group("dynamic sampling and partial rollout")
+    d.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        default=None,
+        help="groups started at a time until --rollout-batch-size groups pass the dynamic filter (default: that size)",
+    )
+    d.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="return groups still generating at the end of a rollout to the buffer, to be continued later",
+    )
+    d.add_argument(
+        "--mask-offpolicy-in-partial-rollout",
+        action="store_true",
+        help="with --partial-rollout: tokens generated in an earlier rollout get loss mask 0",
+    )
+    p = parser.add_argument_group("plugins (dotted paths; signatures in docs/plugins.md)")
+    p.add_argument("--rollout-function-path", default=None, help="async (ctx, rollout_id, buffer) -> groups")
+    p.add_argument(
         "--custom-generate-function-path", default=None, help="async (ctx, sample, sampling_params) -> Sample"
     )
-    g.add_argument("--sglang-startup-timeout", type=float, default=180.0)
+    p.add_argument(
+        "--group-generate",
+        action="store_true",
+        help="the custom generate function takes a whole group: async (ctx, group, sampling_params) -> group",
+    )
+    p.add_argument("--dynamic-sampling-filter-path", default=None, help="(args, group) -> bool | FilterResult")
+    p.add_argument("--buffer-filter-path", default=None, help="(args, returned_groups, num_groups) -> groups")
+    p.add_argument("--rollout-sample-filter-path", default=None, help="(args, group) -> list[bool] (False: no loss)")
+    p.add_argument(
+        "--custom-reward-post-process-path", default=None, help="(args, group) -> list[float], rewards for training"
+    )
+    p.add_argument("--eval-function-path", default=None, help="async (ctx, rollout_id, datasets) -> metrics")
     r = parser.add_argument_group("reward")
-    r.add_argument("--rm-type", default="math", help="built-in reward: math | exact")
+    r.add_argument("--rm-type", default="math", choices=RM_TYPES, help="built-in reward (see docs/plugins.md)")
     r.add_argument("--custom-rm-path", default=None, help="(args, sample) -> reward, sync or async")
+    r.add_argument("--group-rm", action="store_true", help="--custom-rm-path scores a group: (args, group) -> rewards")
     r.add_argument("--reward-key", default=None, help="key of the training reward when rewards are dicts")
+    r.add_argument("--rm-url", default=None, help="--rm-type remote: URL the reward requests are POSTed to")
+    r.add_argument("--rm-timeout", type=float, default=60.0, help="seconds per reward call (per HTTP attempt: remote)")
+    r.add_argument("--rm-retries", type=int, default=3, help="--rm-type remote: retries after a failed attempt")
+    r.add_argument(
+        "--rm-num-workers", type=int, default=2, help="worker processes for math_verify / reasoning_gym scoring"
+    )
     e = parser.add_argument_group("eval")
-    e.add_argument("--eval-prompt-data", default=None, help="jsonl/parquet of eval prompts (same keys)")
+    e.add_argument(
+        "--eval-prompt-data",
+        nargs="+",
+        default=None,
+        metavar="NAME PATH",
+        help="eval datasets as name/path pairs (`aime a.jsonl gsm8k g.jsonl`), or one path",
+    )
     e.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts (and before the first)")
+    e.add_argument("--n-samples-per-eval-prompt", type=int, default=1, help="samples per eval prompt (pass@k)")
     e.add_argument("--eval-temperature", type=float, default=0.0)
-    e.add_argument("--eval-max-response-len", type=int, default=None)
+    e.add_argument("--eval-top-p", type=float, default=1.0)
+    e.add_argument("--eval-top-k", type=int, default=-1)
+    e.add_argument("--eval-max-response-len", type=int, default=None, help="default --rollout-max-response-len")
+    e.add_argument(
+        "--eval-pass-threshold", type=float, default=1.0, help="an eval sample passes (pass@k) at this reward or above"
+    )
+
+
+def eval_datasets(values: list[str] | None) -> list[tuple[str, str]]:
+    """(name, path) pairs of --eval-prompt-data: one bare path is named after its file stem."""
+    if not values:
+        return []
+    if len(values) == 1:
+        return [(Path(values[0]).stem, values[0])]
+    if len(values) % 2:
+        raise ValueError(
+            f"--eval-prompt-data takes one path or NAME PATH pairs; got {len(values)} values: {' '.join(values)}"
+        )
+    pairs = list(zip(values[::2], values[1::2], strict=True))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--eval-prompt-data: dataset names must be unique, got {names}")
+    return pairs
+
+
+def validate_rollout_args(args: argparse.Namespace) -> None:
+    """Fill rollout defaults, reject contradictions and load every plugin (raises ValueError naming the flag)."""
+    if not args.prompt_data and not args.data_source_path:
+        raise ValueError("the training prompts are missing: set --prompt-data FILE (or --data-source-path)")
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = args.rollout_batch_size
+    if args.over_sampling_batch_size < 1:
+        raise ValueError(f"--over-sampling-batch-size must be at least 1, got {args.over_sampling_batch_size}")
+    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+        raise ValueError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
+    if args.group_generate and not args.custom_generate_function_path:
+        raise ValueError("--group-generate needs --custom-generate-function-path")
+    if args.group_rm and not args.custom_rm_path:
+        raise ValueError("--group-rm needs --custom-rm-path (the built-in rewards score one sample at a time)")
+    if args.rm_type == "remote" and not args.custom_rm_path and not args.rm_url:
+        raise ValueError("--rm-type remote needs --rm-url")
+    if args.n_samples_per_eval_prompt < 1:
+        raise ValueError("--n-samples-per-eval-prompt must be at least 1")
+    args.eval_datasets = eval_datasets(args.eval_prompt_data)
+    from rollout.hooks import load_hooks
+
+    load_hooks(args)  # fails here, before Ray or any server starts, with the flag in the message
 
 
 def sglang_passthrough(unknown: list[str]) -> tuple[list[str], list[str]]:

@@ -1,36 +1,28 @@
-"""The default generate function: one `/generate` request per sample through the router."""
+"""The default generate function: one `/generate` request per sample through the router, token in, token out."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from rollout.context import RolloutContext
 from slime_like.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["RolloutContext", "generate", "post_generate", "prompt_token_ids", "sampling_params_from_args"]
+
 FINISH_STATUS = {"length": Status.TRUNCATED, "abort": Status.ABORTED}
+# A sample in one of these states is not generated again when its group comes back from the buffer.
+FINISHED = (Status.COMPLETED, Status.TRUNCATED, Status.FAILED)
 
 
-@dataclass
-class RolloutContext:
-    """What a generate function needs: arguments, tokenizer and an HTTP session to the router."""
-
-    args: Any
-    tokenizer: Any
-    router_url: str
-    session: aiohttp.ClientSession
-    semaphore: asyncio.Semaphore
-    counters: dict[str, int] = field(default_factory=dict)
-
-    def count(self, key: str, n: int = 1) -> None:
-        """Add to a named counter reported in the rollout metrics."""
-        self.counters[key] = self.counters.get(key, 0) + n
+class AbortedBeforeSending(Exception):
+    """The rollout started aborting before this request went out: nothing was sent."""
 
 
 def sampling_params_from_args(args: Any) -> dict[str, Any]:
@@ -53,30 +45,94 @@ def sampling_params_from_args(args: Any) -> dict[str, Any]:
 def prompt_token_ids(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[int]:
     """Token ids of a prompt string, or of chat messages through the tokenizer's chat template."""
     if isinstance(prompt, list):
-        return list(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True))
+        # Rendered to text first: transformers 5 returns a BatchEncoding (not ids) from tokenize=True.
+        prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int = 3) -> dict[str, Any]:
-    """POST /generate with retries on connection errors and 5xx answers (a server may be restarting)."""
-    delay = 0.5
-    for attempt in range(retries + 1):
+async def abort_rid(ctx: RolloutContext, rid: str) -> None:
+    """Best-effort abort of one request on every server (a failed attempt may still run on one of them)."""
+    for url in ctx.server_urls:
         try:
-            async with ctx.semaphore, ctx.session.post(f"{ctx.router_url}/generate", json=payload) as resp:
-                if resp.status < 500:
-                    body = await resp.json(content_type=None)
-                    if resp.status != 200:
-                        raise RuntimeError(f"/generate answered {resp.status}: {body}")
-                    return body
-                error = f"/generate answered {resp.status}: {(await resp.text())[:300]}"
-        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
-            error = f"/generate failed: {exc!r}"
-        if attempt < retries:
+            async with ctx.session.post(f"{url}/abort_request", json={"rid": rid}) as resp:
+                await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            logger.debug("abort of %s on %s failed: %r", rid, url, exc)
+
+
+async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int = 3) -> dict[str, Any]:
+    """POST /generate with retries on connection errors and 5xx answers; each attempt has its own rid.
+
+    Raises AbortedBeforeSending when the rollout is aborting, RuntimeError when every attempt failed.
+    """
+    delay = 0.5
+    base_rid = payload.get("rid") or uuid.uuid4().hex
+    for attempt in range(retries + 1):
+        rid = f"{base_rid}-{attempt}"
+        async with ctx.semaphore:
+            # Checked after the wait for a slot: requests queued here when an abort starts are never sent.
+            if ctx.aborting:
+                raise AbortedBeforeSending(rid)
+            ctx.inflight.add(rid)
+            try:
+                async with ctx.session.post(f"{ctx.router_url}/generate", json={**payload, "rid": rid}) as resp:
+                    if resp.status == 200:
+                        return await resp.json(content_type=None)
+                    if resp.status < 500:  # the request itself is wrong: retrying cannot help
+                        raise RuntimeError(f"/generate answered {resp.status}: {(await resp.text())[:300]}")
+                    error = f"/generate answered {resp.status}: {(await resp.text())[:300]}"
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                error = f"/generate failed: {exc!r}"
+            finally:
+                ctx.inflight.discard(rid)
+        # The failed attempt may still be generating on a server: stop it before retrying under a new rid.
+        await abort_rid(ctx, rid)
+        if attempt < retries and not ctx.aborting:
             ctx.count("generate_retries")
             logger.warning("%s; retry %d/%d in %.1fs", error, attempt + 1, retries, delay)
             await asyncio.sleep(delay)
             delay *= 2
     raise RuntimeError(error)
+
+
+def append_model_tokens(sample: Sample, out: dict[str, Any]) -> list[int]:
+    """Append a /generate answer's tokens, log-probs (loss mask 1) and text to the sample; returns the new tokens."""
+    meta = out["meta_info"]
+    new_tokens = [int(t[1]) for t in meta["output_token_logprobs"]]
+    sample.tokens = sample.tokens + new_tokens
+    sample.response += out["text"]
+    sample.response_length += len(new_tokens)
+    sample.rollout_log_probs = (sample.rollout_log_probs or []) + [float(t[0]) for t in meta["output_token_logprobs"]]
+    sample.loss_mask = (sample.loss_mask or []) + [1] * len(new_tokens)
+    version = meta.get("weight_version")
+    sample.weight_version = int(version) if version is not None and str(version).isdigit() else None
+    return new_tokens
+
+
+def finish_status(ctx: RolloutContext, out: dict[str, Any]) -> tuple[Status, str | None]:
+    """The sample status a /generate answer means; an abort the rollout did not ask for is a failure."""
+    reason = out["meta_info"].get("finish_reason") or {}
+    status = FINISH_STATUS.get(reason.get("type"), Status.COMPLETED)
+    if status == Status.ABORTED and not ctx.aborting:
+        # SGLang also answers `abort` when it rejects a request (e.g. prompt too long): retrying cannot help.
+        return Status.FAILED, str(reason.get("message") or reason)
+    return status, None
+
+
+async def call_model(ctx: RolloutContext, sample: Sample, params: dict[str, Any]) -> dict[str, Any] | None:
+    """One /generate on the sample's tokens; on failure or abort sets the status and returns None."""
+    rid = f"sample-{sample.index}-{uuid.uuid4().hex[:8]}"
+    sample.metadata["rid"] = rid
+    payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}
+    try:
+        return await post_generate(ctx, payload)
+    except AbortedBeforeSending:
+        sample.status = Status.ABORTED
+    except RuntimeError as exc:
+        logger.warning("sample %s: generation failed: %s", sample.index, exc)
+        sample.status = Status.FAILED
+        sample.metadata["generate_error"] = str(exc)
+    return None
 
 
 async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
@@ -91,25 +147,11 @@ async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[st
         return sample
     # A per-sample seed makes sampling reproducible on servers run with --enable-deterministic-inference.
     params.setdefault("sampling_seed", (ctx.args.rollout_seed * 1_000_003 + (sample.index or 0)) % (2**31))
-    rid = f"sample-{sample.index}-{uuid.uuid4().hex[:8]}"
-    sample.metadata["rid"] = rid
-    payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}
-    try:
-        out = await post_generate(ctx, payload)
-    except RuntimeError as exc:
-        logger.warning("sample %s: generation failed: %s", sample.index, exc)
-        sample.status = Status.FAILED
-        sample.metadata["generate_error"] = str(exc)
+    out = await call_model(ctx, sample, params)
+    if out is None:
         return sample
-    meta = out["meta_info"]
-    new_tokens = [int(t[1]) for t in meta["output_token_logprobs"]]
-    new_logprobs = [float(t[0]) for t in meta["output_token_logprobs"]]
-    sample.tokens = sample.tokens + new_tokens
-    sample.response += out["text"]
-    sample.response_length += len(new_tokens)
-    sample.rollout_log_probs = (sample.rollout_log_probs or []) + new_logprobs
-    sample.loss_mask = (sample.loss_mask or []) + [1] * len(new_tokens)
-    sample.status = FINISH_STATUS.get((meta.get("finish_reason") or {}).get("type"), Status.COMPLETED)
-    version = meta.get("weight_version")
-    sample.weight_version = int(version) if version is not None and str(version).isdigit() else None
+    append_model_tokens(sample, out)
+    sample.status, error = finish_status(ctx, out)
+    if error:
+        sample.metadata["generate_error"] = error
     return sample

@@ -1,4 +1,4 @@
-"""The rollout side of a run: SGLang servers behind one router, the data buffer, generation and rewards."""
+"""The rollout side of a run: SGLang servers behind one router, the data buffer, generation, rewards and eval."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,19 @@ import aiohttp
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
-from rollout.generate import RolloutContext, generate, sampling_params_from_args
+from rollout.context import RolloutContext
+from rollout.evaluation import eval_sampling_params, evaluate_datasets
+from rollout.generate import sampling_params_from_args
+from rollout.hooks import RolloutHooks, load_hooks
 from rollout.metrics import rollout_metrics
-from rollout.rewards import get_reward_function, score_sample
-from slime_like.plugin_loader import load_plugin
+from rollout.postprocess import finish_rollout
+from rollout.sampling import generate_rollout
+from slime_like.plugin_loader import PluginError
 from slime_like.sample import Sample
 
 logger = logging.getLogger(__name__)
 
-GenerateFn = Callable[[RolloutContext, Sample, dict[str, Any]], Awaitable[Sample]]
+DATA_SOURCE_METHODS = ("get_groups", "state_dict", "load_state_dict")
 
 
 def load_dataset(args: Any, path: str, tokenizer: Any) -> PromptDataset:
@@ -41,36 +46,66 @@ def load_dataset(args: Any, path: str, tokenizer: Any) -> PromptDataset:
     )
 
 
-class RolloutManager:
-    """Owns the servers, the router and the buffer; `generate` returns one rollout's finished groups."""
+def check_groups(groups: Any, flag: str) -> list[list[Sample]]:
+    """A plugin's groups must be a list of lists of Samples."""
+    if not isinstance(groups, list) or not all(
+        isinstance(g, list) and all(isinstance(s, Sample) for s in g) for g in groups
+    ):
+        raise TypeError(f"{flag} must return a list of groups, each a list of Samples")
+    return groups
 
-    def __init__(self, args: Any, gpu_offset: int = 0) -> None:
+
+class RolloutManager:
+    """Owns the servers, the router and the buffer; `generate` returns one rollout's groups, `evaluate` eval metrics.
+
+    With `server_urls` (and optionally `router_url`) it uses servers started elsewhere and never stops them.
+    """
+
+    def __init__(
+        self, args: Any, gpu_offset: int = 0, server_urls: list[str] | None = None, router_url: str | None = None
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.args = args
         # Plugins and data load first, so their errors come before any server starts.
-        self.generate_fn: GenerateFn = (
-            load_plugin(args.custom_generate_function_path, "--custom-generate-function-path", params=3, is_async=True)
-            if args.custom_generate_function_path
-            else generate
-        )
-        self.reward_fn = get_reward_function(args.rm_type, args.custom_rm_path)
+        self.hooks: RolloutHooks = load_hooks(args)
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-        dataset = load_dataset(args, args.prompt_data, self.tokenizer)
-        self.data_skipped = dict(dataset.skipped)
-        self.buffer = Buffer(
-            DataSource(dataset, args.n_samples_per_prompt, shuffle=args.rollout_shuffle, seed=args.rollout_seed)
-        )
-        self.eval_dataset = load_dataset(args, args.eval_prompt_data, self.tokenizer) if args.eval_prompt_data else None
+        self.data_skipped: dict[str, int] = {}
+        self.buffer = Buffer(self._data_source(), self.hooks.buffer_filter, args)
+        self.eval_datasets = {
+            name: load_dataset(args, path, self.tokenizer) for name, path in getattr(args, "eval_datasets", [])
+        }
         self.servers: list[Any] = []
         self.router: Any = None
+        self._external = server_urls is not None
+        self._server_urls = list(server_urls or [])
+        self._router_url = router_url
         # Our own event loop thread: the caller (a Ray actor) may already be running one.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
-        self._start_servers(gpu_offset)
+        if self._external:
+            if router_url is None:
+                self._start_router(Path(args.output_dir) / "logs")
+        else:
+            self._start_servers(gpu_offset)
+
+    def _data_source(self) -> Any:
+        """--data-source-path's source, or the epoch-shuffled --prompt-data source."""
+        if self.hooks.data_source_factory is not None:
+            source = self.hooks.data_source_factory(self.args, self.tokenizer)
+            missing = [m for m in DATA_SOURCE_METHODS if not callable(getattr(source, m, None))]
+            if missing:
+                raise PluginError(
+                    f"--data-source-path={self.args.data_source_path!r}: the object it made has no {', '.join(missing)}"
+                )
+            return source
+        dataset = load_dataset(self.args, self.args.prompt_data, self.tokenizer)
+        self.data_skipped = dict(dataset.skipped)
+        return DataSource(
+            dataset, self.args.n_samples_per_prompt, shuffle=self.args.rollout_shuffle, seed=self.args.rollout_seed
+        )
 
     def _start_servers(self, gpu_offset: int) -> None:
-        from rollout.router import SGLangRouter
         from rollout.sglang_server import SGLangServer
 
         tp = self.args.rollout_num_gpus_per_engine
@@ -89,12 +124,20 @@ class RolloutManager:
         try:
             with ThreadPoolExecutor(max_workers=n) as pool:
                 list(pool.map(lambda s: s.start(), self.servers))
-            self.router = SGLangRouter([s.url for s in self.servers], log_dir=log_dir)
-            self.router.start()
+            self._server_urls = [s.url for s in self.servers]
+            self._start_router(log_dir)
         except BaseException:
             self.shutdown()
             raise
         self.set_weight_version(0)
+
+    def _start_router(self, log_dir: Path) -> None:
+        from rollout.router import SGLangRouter
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.router = SGLangRouter(self._server_urls, policy=self.args.router_policy, log_dir=log_dir)
+        self.router.start()
+        self._router_url = self.router.url
 
     @staticmethod
     def _gpu_args(base_gpu_id: int, tp: int) -> list[str]:
@@ -104,7 +147,7 @@ class RolloutManager:
 
     def server_urls(self) -> list[str]:
         """Base URLs of the SGLang servers (for weight updates)."""
-        return [s.url for s in self.servers]
+        return list(self._server_urls)
 
     def set_weight_version(self, version: int) -> None:
         """Tag the servers' current weights (samples record it)."""
@@ -117,35 +160,70 @@ class RolloutManager:
             {"new_version": str(version), "abort_all_requests": False},
         )
 
+    @asynccontextmanager
+    async def _context(self) -> AsyncIterator[RolloutContext]:
+        """A RolloutContext with a fresh HTTP session for one rollout or eval."""
+        concurrency = self.args.sglang_server_concurrency * max(1, len(self._server_urls))
+        timeout = aiohttp.ClientTimeout(total=self.args.rollout_request_timeout)
+        connector = aiohttp.TCPConnector(limit=concurrency + 2 * len(self._server_urls))  # room for aborts
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            yield RolloutContext(
+                self.args,
+                self.tokenizer,
+                self._router_url,
+                session,
+                asyncio.Semaphore(concurrency),
+                server_urls=self.server_urls(),
+                hooks=self.hooks,
+            )
+
+    async def _rollout(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
+        async with self._context() as ctx:
+            if self.hooks.rollout_function is not None:
+                groups = await self.hooks.rollout_function(ctx, rollout_id, self.buffer)
+                groups = check_groups(groups, "--rollout-function-path")
+            else:
+                groups = await generate_rollout(ctx, self.buffer, sampling_params_from_args(self.args))
+            finish_rollout(ctx, groups)
+            counters = dict(ctx.counters)
+        for key, n in self.hooks.reward.drain_counters().items():
+            counters[key] = counters.get(key, 0) + n
+        return groups, counters
+
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
-        """Generate and score `--rollout-batch-size` groups; returns them with metrics."""
+        """Generate, score and filter `--rollout-batch-size` groups; returns them with metrics."""
         start = time.monotonic()
-        groups = self.buffer.get_groups(self.args.rollout_batch_size)
-        counters = self._run(self._run_groups(groups, sampling_params_from_args(self.args)))
+        groups, counters = self._run(self._rollout(rollout_id))
         metrics = rollout_metrics(groups, self.args.reward_key)
         elapsed = time.monotonic() - start
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
         metrics["rollout/time"] = elapsed
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(elapsed, 1e-9)
+        metrics["rollout/buffer_groups"] = len(self.buffer)
         metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
         self._dump(f"rollout_{rollout_id:06d}", groups)
         return groups, metrics
 
+    async def _evaluate(self, rollout_id: int) -> tuple[dict[str, Any], list[list[Sample]]]:
+        async with self._context() as ctx:
+            if self.hooks.eval_function is not None:
+                metrics = await self.hooks.eval_function(ctx, rollout_id, self.eval_datasets)
+                if not isinstance(metrics, dict):
+                    raise TypeError("--eval-function-path must return a dict of metrics")
+                return metrics, []
+            metrics, groups = await evaluate_datasets(ctx, self.eval_datasets, eval_sampling_params(self.args))
+            metrics.update({f"eval/{k}": v for k, v in ctx.counters.items()})
+            return metrics, groups
+
     def evaluate(self, rollout_id: int) -> dict[str, Any]:
-        """Greedy (by default) generation over the whole eval set; mean reward per dataset."""
-        if self.eval_dataset is None:
+        """Generation over every eval dataset (greedy by default): mean reward and pass@k per dataset."""
+        if not self.eval_datasets and self.hooks.eval_function is None:
             return {}
-        params = sampling_params_from_args(self.args)
-        params["temperature"] = self.args.eval_temperature
-        if self.args.eval_max_response_len:
-            params["max_new_tokens"] = self.args.eval_max_response_len
-        source = DataSource(self.eval_dataset, 1, shuffle=False)
-        groups = source.get_groups(len(self.eval_dataset))
         start = time.monotonic()
-        self._run(self._run_groups(groups, params))
-        metrics = rollout_metrics(groups, self.args.reward_key, prefix="eval")
+        metrics, groups = self._run(self._evaluate(rollout_id))
         metrics["eval/time"] = time.monotonic() - start
-        self._dump(f"eval_{rollout_id:06d}", groups)
+        if groups:
+            self._dump(f"eval_{rollout_id:06d}", groups)
         return metrics
 
     def _dump(self, name: str, groups: list[list[Sample]]) -> None:
@@ -159,26 +237,6 @@ class RolloutManager:
 
     def _run(self, coro: Awaitable[Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def _run_groups(self, groups: list[list[Sample]], params: dict[str, Any]) -> dict[str, int]:
-        concurrency = self.args.sglang_server_concurrency * len(self.servers)
-        timeout = aiohttp.ClientTimeout(total=self.args.rollout_request_timeout)
-        connector = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            ctx = RolloutContext(self.args, self.tokenizer, self.router.url, session, asyncio.Semaphore(concurrency))
-            await asyncio.gather(*(self._run_sample(ctx, s, params) for g in groups for s in g))
-        return ctx.counters
-
-    async def _run_sample(self, ctx: RolloutContext, sample: Sample, params: dict[str, Any]) -> None:
-        out = await self.generate_fn(ctx, sample, params)
-        if out is not sample:
-            raise TypeError("--custom-generate-function-path must return the Sample it was given, updated")
-        if sample.response_length == 0 and sample.status.value == "failed":
-            ctx.count("generate_failed")
-            sample.reward = 0.0
-            return
-        if not await score_sample(self.reward_fn, self.args, sample):
-            ctx.count("reward_failed")
 
     def release_memory(self) -> None:
         """Colocated on GPU: free the servers' weights and KV cache while the trainer runs."""
@@ -201,7 +259,11 @@ class RolloutManager:
         self.buffer.load_state_dict(state)
 
     def shutdown(self) -> None:
-        """Stop the router and every server."""
+        """Stop the router and every server this manager started; release the reward backend."""
+        try:
+            self._run(self.hooks.close())
+        except Exception as exc:  # shutting down: report, then still stop the processes
+            logger.warning("closing the reward function: %r", exc)
         if self.router is not None:
             self.router.stop()
         for server in self.servers:

@@ -1,4 +1,4 @@
-"""Per-rollout metrics computed from finished groups."""
+"""Per-rollout metrics computed from the groups that will train."""
 
 from __future__ import annotations
 
@@ -9,10 +9,17 @@ from buffer.train_data import scalar_reward
 from slime_like.sample import Sample, Status
 
 
+def task_reward(sample: Sample, reward_key: str | None) -> float:
+    """The scored reward, before any --custom-reward-post-process-path."""
+    if "raw_reward" in sample.metadata:
+        return scalar_reward(Sample(reward=sample.metadata["raw_reward"], index=sample.index), reward_key)
+    return scalar_reward(sample, reward_key)
+
+
 def rollout_metrics(groups: list[list[Sample]], reward_key: str | None, prefix: str = "rollout") -> dict[str, Any]:
     """Reward mean/std, response lengths, and the share of each finish status."""
     samples = [s for g in groups for s in g]
-    rewards = [scalar_reward(s, reward_key) for s in samples]
+    rewards = [task_reward(s, reward_key) for s in samples]
     lengths = [s.response_length for s in samples]
     n = max(1, len(samples))
     metrics = {
@@ -23,6 +30,8 @@ def rollout_metrics(groups: list[list[Sample]], reward_key: str | None, prefix: 
         f"{prefix}/response_len_max": max(lengths, default=0),
         f"{prefix}/generated_tokens": sum(lengths),
     }
+    if any("raw_reward" in s.metadata for s in samples):
+        metrics[f"{prefix}/reward_processed_mean"] = statistics.fmean(scalar_reward(s, reward_key) for s in samples)
     for status in (Status.TRUNCATED, Status.ABORTED, Status.FAILED):
         metrics[f"{prefix}/{status.value}_rate"] = sum(s.status == status for s in samples) / n
     return metrics

@@ -1,4 +1,4 @@
-"""Reward functions chosen by `--rm-type` (or `--custom-rm-path`), and safe per-sample scoring."""
+"""Reward functions chosen by `--rm-type` (or `--custom-rm-path`), and safe per-group scoring with timeouts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import asyncio
 import inspect
 import logging
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime_like.sample import Sample, Status
@@ -48,37 +49,152 @@ def exact_match_reward(sample: Sample) -> float:
     return 1.0 if sample.response.strip() == str(sample.label).strip() else 0.0
 
 
-REWARD_FUNCTIONS: dict[str, Callable[[Sample], float]] = {"math": math_reward, "exact": exact_match_reward}
+def _is_async(fn: Callable[..., Any]) -> bool:
+    # An object with an `async def __call__` (e.g. the remote reward model) counts as async too.
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
-def get_reward_function(rm_type: str | None, custom_rm_path: str | None) -> Callable[..., Any]:
-    """The reward function a run uses: a plugin `(args, sample) -> reward` by path, else a built-in by name."""
-    if custom_rm_path:
+class RewardFunction:
+    """Scores a group with a per-sample or per-group function; a call that raises or times out fails its samples."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        per_group: bool = False,
+        timeout: float | None = None,
+        inline: bool = False,
+        counters: Counter[str] | None = None,
+        on_close: Callable[[], Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.per_group = per_group
+        self.timeout = timeout  # None: the function enforces its own (worker pool, HTTP attempts)
+        self.inline = inline  # cheap built-ins run on the loop; user code runs in a thread so it cannot block it
+        self.counters = counters if counters is not None else Counter()
+        self._on_close = on_close
+
+    async def _call(self, args: Any, item: Any) -> Any:
+        if _is_async(self.fn):
+            call: Awaitable[Any] = self.fn(args, item)
+        elif self.inline:
+            return self.fn(args, item)
+        else:
+            call = asyncio.to_thread(self.fn, args, item)
+        result = await (asyncio.wait_for(call, self.timeout) if self.timeout else call)
+        return await result if inspect.isawaitable(result) else result
+
+    async def score_group(self, args: Any, group: list[Sample], count: Callable[[str, int], None]) -> None:
+        """Set `reward` on every sample of the group whose generation did not fail."""
+        usable = [s for s in group if s.status != Status.FAILED]
+        for s in group:
+            if s.status == Status.FAILED:
+                s.reward = 0.0
+        if not usable:
+            return
+        if self.per_group:
+            try:
+                rewards = await self._call(args, usable)
+                if not isinstance(rewards, list | tuple) or len(rewards) != len(usable):
+                    raise TypeError(f"--group-rm function must return one reward per sample ({len(usable)})")
+                for sample, reward in zip(usable, rewards, strict=True):
+                    sample.reward = _check(reward)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the user's reward code may raise anything; the run must go on
+                for sample in usable:
+                    _fail(sample, exc, count)
+            return
+        await asyncio.gather(*(self._score_one(args, s, count) for s in usable))
+
+    async def _score_one(self, args: Any, sample: Sample, count: Callable[[str, int], None]) -> None:
+        try:
+            sample.reward = _check(await self._call(args, sample))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the user's reward code may raise anything; the run must go on
+            _fail(sample, exc, count)
+
+    def drain_counters(self) -> dict[str, int]:
+        """Counts the reward backend kept itself (e.g. remote retries) since the last call."""
+        out = dict(self.counters)
+        self.counters.clear()
+        return out
+
+    async def close(self) -> None:
+        """Release the backend (HTTP session, worker processes)."""
+        if self._on_close is not None:
+            result = self._on_close()
+            if inspect.isawaitable(result):
+                await result
+
+
+def _check(reward: Any) -> float | dict[str, float]:
+    """A reward must be a number or a dict of numbers."""
+    if isinstance(reward, dict):
+        return {str(k): float(v) for k, v in reward.items()}
+    if isinstance(reward, int | float):
+        return float(reward)
+    raise TypeError(f"a reward must be a number or a dict of numbers, got {type(reward).__name__}: {reward!r}")
+
+
+def _fail(sample: Sample, exc: BaseException, count: Callable[[str, int], None]) -> None:
+    """Mark a sample whose reward could not be computed: failed, reward 0, counted."""
+    timed_out = isinstance(exc, TimeoutError)
+    logger.warning("reward for sample %s %s: %r", sample.index, "timed out" if timed_out else "failed", exc)
+    sample.reward = 0.0
+    sample.status = Status.FAILED
+    sample.metadata["reward_error"] = "timed out" if timed_out and not str(exc) else repr(exc)
+    count("reward_failed", 1)
+    if timed_out:
+        count("reward_timeout", 1)
+
+
+def _pooled(target: str, args: Any, *fields: str) -> RewardFunction:
+    """A scorer that runs in killable worker processes (math-verify, reasoning-gym)."""
+    from rollout.worker_pool import WorkerPool
+
+    pool = WorkerPool(args.rm_num_workers, timeout=args.rm_timeout)
+
+    async def score(_args: Any, sample: Sample) -> float:
+        extra = {"metadata": sample.metadata, "question": sample.prompt}
+        return await pool.run(target, sample.response, sample.label, *(extra[f] for f in fields))
+
+    return RewardFunction(score, on_close=pool.close)
+
+
+def _builtin(name: str, args: Any) -> RewardFunction:
+    """The built-in reward of `--rm-type name`."""
+    from rollout.rm_hub import boxed, f1, gym, math_verify_rm
+
+    plain: dict[str, Callable[[str, Any], float]] = {
+        "dapo": boxed.dapo_reward,
+        "deepscaler": boxed.deepscaler_reward,
+        "f1": f1.f1_reward,
+    }
+    if name == "math":
+        return RewardFunction(lambda _a, s: math_reward(s), inline=True)
+    if name == "exact":
+        return RewardFunction(lambda _a, s: exact_match_reward(s), inline=True)
+    if name in plain:
+        return RewardFunction(lambda _a, s: plain[name](s.response, s.label), inline=True)
+    if name == "math_verify":
+        return _pooled(math_verify_rm.TARGET, args)
+    if name == "reasoning_gym":
+        return _pooled(gym.TARGET, args, "metadata", "question")
+    if name == "remote":
+        from rollout.rm_hub.remote import RemoteRewardModel
+
+        model = RemoteRewardModel(args.rm_url, args.rm_timeout, args.rm_retries)
+        return RewardFunction(model, counters=model.counters, on_close=model.close)
+    raise ValueError(f"--rm-type {name!r} is not known")
+
+
+def get_reward_function(args: Any) -> RewardFunction:
+    """The run's reward: the `--custom-rm-path` plugin (per group with --group-rm), else `--rm-type`."""
+    if args.custom_rm_path:
         from slime_like.plugin_loader import load_plugin
 
-        fn = load_plugin(custom_rm_path, "--custom-rm-path", params=2)
-        return fn
-    if rm_type not in REWARD_FUNCTIONS:
-        raise ValueError(
-            f"--rm-type {rm_type!r} is not known; choose one of {sorted(REWARD_FUNCTIONS)} or set --custom-rm-path"
-        )
-    builtin = REWARD_FUNCTIONS[rm_type]
-    return lambda args, sample: builtin(sample)
-
-
-async def score_sample(reward_fn: Callable[..., Any], args: Any, sample: Sample) -> bool:
-    """Set `sample.reward`; a reward function that raises marks the sample failed with reward 0. True if it succeeded."""
-    try:
-        reward = reward_fn(args, sample)
-        if inspect.isawaitable(reward):
-            reward = await reward
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # the user's reward code may raise anything; the run must go on
-        logger.warning("reward function failed on sample %s: %r", sample.index, exc)
-        sample.reward = 0.0
-        sample.status = Status.FAILED
-        sample.metadata["reward_error"] = repr(exc)
-        return False
-    sample.reward = reward
-    return True
+        fn = load_plugin(args.custom_rm_path, "--custom-rm-path", params=2)
+        return RewardFunction(fn, per_group=args.group_rm, timeout=args.rm_timeout)
+    return _builtin(args.rm_type, args)

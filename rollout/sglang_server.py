@@ -21,6 +21,9 @@ CPU_FLAGS = (
     "--disable-cuda-graph",
     "--skip-server-warmup",
     "--sleep-on-idle",  # else an idle scheduler busy-polls most of a core
+    # xgrammar's vocab-mask kernel is CUDA-only: a constrained request (regex, json_schema) kills the
+    # scheduler on CPU ("Unsupported device: cpu"); llguidance masks on CPU.
+    "--grammar-backend", "llguidance",
 )  # fmt: skip
 CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",  # without it SGLang takes the GPU path and fails importing vllm

@@ -1,46 +1,37 @@
-"""One trainer rank: the Megatron engine plus the RL step (log-probs, advantages, PPO loss, weight push)."""
+"""One trainer rank: the Megatron policy (and, for PPO, critic) engines and the RL step of slime_like/algorithms.
+
+A rollout's step: recompute the old policy's log-probs (and the reference's, and the critic's values)
+on the whole rollout, compute advantages (advantages.py), off-policy weights (off_policy.py) and
+mismatch metrics, then take one optimizer step per --global-batch-size chunk with the loss function
+of --loss-type (loss.py), its token weights set by --loss-agg-mode on the chunk (aggregation.py).
+Every rank holds the whole rollout, so all of this is global without communication; the engine
+splits each step over data-parallel ranks.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from buffer.train_data import TrainData
-from slime_like.algorithms.kl import kl_estimate
-from slime_like.algorithms.policy_loss import ppo_clip_loss
+from slime_like.algorithms.advantages import AdvantageInputs, compute_advantages
+from slime_like.algorithms.aggregation import token_weights
+from slime_like.algorithms.dapo import overlong_penalty
+from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
+from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
+from slime_like.plugin_loader import load_plugin
 
 logger = logging.getLogger(__name__)
 
 
-def policy_loss_fn(args: Any, num_tokens: int):
-    """The engine's loss_fn: PPO-clip (+ KL) summed over loss-masked tokens / all tokens of the step."""
-
-    def loss_fn(logprobs: list[torch.Tensor], data: list[dict[str, Any]], entropy: list[torch.Tensor]):
-        loss = logprobs[0].new_zeros(())
-        stats = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "ppo_ratio_abs_dev": 0.0, "entropy": 0.0, "kl_loss": 0.0}
-        for lp, e, d in zip(logprobs, entropy, data, strict=True):
-            n = d["response_length"]
-            resp_lp, mask = lp[-n:], d["loss_mask"]
-            pg, ratio, clipped = ppo_clip_loss(
-                resp_lp, d["old_log_probs"], d["advantages"], args.eps_clip, args.eps_clip_high
-            )
-            per_token = pg - args.entropy_coef * e[-n:]
-            if args.use_kl_loss:
-                kl = kl_estimate(resp_lp, d["ref_log_probs"], args.kl_loss_type)
-                per_token = per_token + args.kl_loss_coef * kl
-                stats["kl_loss"] += float((kl * mask).sum()) / num_tokens
-            loss = loss + (per_token * mask).sum() / num_tokens
-            stats["pg_clipfrac"] += float((clipped * mask).sum()) / num_tokens
-            stats["ppo_ratio_abs_dev"] += float(((ratio.detach() - 1).abs() * mask).sum()) / num_tokens
-            stats["ppo_kl"] += float(((d["old_log_probs"] - resp_lp.detach()) * mask).sum()) / num_tokens
-            stats["entropy"] += float((e[-n:].detach() * mask).sum()) / num_tokens
-        return loss, stats
-
-    return loss_fn
+def _response(full: list[torch.Tensor], lengths: list[int]) -> list[torch.Tensor]:
+    """The response part (last n entries) of per-sequence engine outputs."""
+    return [x[-n:] for x, n in zip(full, lengths, strict=True)]
 
 
 class TrainActor:
@@ -55,7 +46,6 @@ class TrainActor:
             MASTER_PORT=str(master_port),
         )
         from slime_like.megatron.engine import MegatronTrainEngine
-        from slime_like.megatron.optimizer import OptimizerSettings
         from slime_like.megatron.parallel import init_parallel
 
         self.args = args
@@ -66,8 +56,40 @@ class TrainActor:
             args.expert_model_parallel_size,
             seed=args.seed,
         )
-        settings = OptimizerSettings(
-            lr=args.lr,
+        common = {
+            "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
+            "dtype": torch.bfloat16 if args.bf16 else torch.float32,
+        }
+        self.engine = MegatronTrainEngine(
+            args.hf_checkpoint, self._optimizer_settings(args.lr), temperature=args.rollout_temperature, **common
+        )
+        # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
+        # value head (mbridge's value model), its own optimizer and learning rate.
+        self.critic = None
+        if args.advantage_estimator == "ppo" and args.loss_type != "sft_loss":
+            critic_lr = args.critic_lr if args.critic_lr is not None else args.lr
+            self.critic = MegatronTrainEngine(
+                args.hf_checkpoint, self._optimizer_settings(critic_lr), value_head=True, **common
+            )
+        # The reference policy is a frozen copy of the starting weights, swapped in for its forward.
+        self.ref_weights = self._snapshot() if args.use_kl_loss or args.kl_coef else None
+        if args.loss_type == "sft_loss":
+            self.loss_fn = sft_loss_fn()
+        elif args.loss_type == "custom_loss":
+            hook = load_plugin(args.custom_loss_function_path, "--custom-loss-function-path", params=4)
+            self.loss_fn = custom_loss_fn(args, hook)
+        else:
+            self.loss_fn = policy_loss_fn(args)
+        path = args.custom_advantage_function_path
+        self.custom_advantage = load_plugin(path, "--custom-advantage-function-path", params=2) if path else None
+        self.transport = None
+
+    def _optimizer_settings(self, lr: float):
+        from slime_like.megatron.optimizer import OptimizerSettings
+
+        args = self.args
+        return OptimizerSettings(
+            lr=lr,
             min_lr=args.min_lr,
             weight_decay=args.weight_decay,
             clip_grad=args.clip_grad,
@@ -79,16 +101,6 @@ class TrainActor:
             lr_decay_steps=args.num_rollout * self.steps_per_rollout if args.lr_decay_style != "constant" else None,
             lr_decay_style=args.lr_decay_style,
         )
-        self.engine = MegatronTrainEngine(
-            args.hf_checkpoint,
-            settings,
-            max_tokens_per_micro_batch=args.max_tokens_per_gpu,
-            dtype=torch.bfloat16 if args.bf16 else torch.float32,
-            temperature=args.rollout_temperature,
-        )
-        # The reference policy is a frozen copy of the starting weights, swapped in for its forward.
-        self.ref_weights = self._snapshot() if args.use_kl_loss else None
-        self.transport = None
 
     @property
     def steps_per_rollout(self) -> int:
@@ -117,91 +129,196 @@ class TrainActor:
                         v.copy_(weights[k])
 
     def train(self, rollout_id: int, data: TrainData) -> dict[str, float]:
-        """Recompute old (and ref) log-probs, then take the optimizer steps of this rollout."""
+        """Prepare the rollout (log-probs, values, advantages), then take this rollout's optimizer steps."""
         start = time.monotonic()
-        tokens = data.tokens
-        old_lp = [lp[-n:] for lp, n in zip(self.engine.forward_logprobs(tokens), data.response_lengths, strict=True)]
-        ref_lp = None
-        if self.ref_weights is not None:
-            full = self._forward_with_weights(self.ref_weights, tokens)
-            ref_lp = [lp[-n:] for lp, n in zip(full, data.response_lengths, strict=True)]
-        logprob_time = time.monotonic() - start
-        rows = []
-        for i in range(len(data)):
-            mask = torch.tensor(data.loss_masks[i], dtype=torch.float32)
-            row = {
-                "response_length": data.response_lengths[i],
-                "loss_mask": mask,
-                "old_log_probs": old_lp[i],
-                # GRPO: the group-normalised reward is every response token's advantage.
-                "advantages": torch.full_like(mask, data.rewards[i]),
-            }
-            if ref_lp is not None:
-                row["ref_log_probs"] = ref_lp[i]
-            rows.append(row)
-        metrics = self._mismatch_metrics(data, old_lp)
+        if len(data) == 0:  # every sample failed or was filtered out: nothing to learn from
+            logger.warning("rollout %d: no usable samples, no optimizer step", rollout_id)
+            return {}
+        sft = self.args.loss_type == "sft_loss"
+        rows, metrics = self._sft_rows(data) if sft else self._rl_rows(data)
+        prepare_time = time.monotonic() - start
+        # Critic warm-up: the first --num-critic-only-steps rollouts leave the policy as it is.
+        train_policy = rollout_id >= self.args.num_critic_only_steps
         per_step = self.args.global_batch_size
         step_metrics: list[dict[str, float]] = []
         for begin in range(0, len(data), per_step):
             idx = list(range(begin, min(begin + per_step, len(data))))
-            num_tokens = max(1, int(sum(float(rows[i]["loss_mask"].sum()) for i in idx)))
-            step_metrics.append(
-                self.engine.train_step(
-                    [tokens[i] for i in idx],
-                    [rows[i] for i in idx],
-                    policy_loss_fn(self.args, num_tokens),
-                    with_entropy=True,
-                )
-            )
-        for key in step_metrics[0]:
-            metrics[f"train/{key}"] = sum(m[key] for m in step_metrics) / len(step_metrics)
-        metrics["time/logprob"] = logprob_time
-        metrics["time/train"] = time.monotonic() - start - logprob_time
+            tokens, step_rows = [data.tokens[i] for i in idx], self._weighted([rows[i] for i in idx])
+            step: dict[str, float] = {}
+            if self.critic is not None:
+                out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args))
+                step.update({f"critic/{k}": v for k, v in out.items()})
+            if train_policy:
+                out = self.engine.train_step(tokens, step_rows, self.loss_fn, with_entropy=not sft)
+                step.update({f"train/{k}": v for k, v in out.items()})
+            step_metrics.append(step)
+        for key in step_metrics[0] if step_metrics else ():
+            metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
+        metrics["time/logprob"] = prepare_time
+        metrics["time/train"] = time.monotonic() - start - prepare_time
         return metrics
 
-    @staticmethod
-    def _mismatch_metrics(data: TrainData, old_lp: list[torch.Tensor]) -> dict[str, float]:
-        """How far SGLang's rollout log-probs are from Megatron's on the same tokens."""
-        diffs = [
-            (lp - torch.tensor(r, dtype=lp.dtype)).abs() * torch.tensor(m, dtype=lp.dtype)
-            for lp, r, m in zip(old_lp, data.rollout_log_probs, data.loss_masks, strict=True)
+    def _weighted(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows of one step with their aggregation weights (--loss-agg-mode) and token-mean metric weights."""
+        masks = [r["loss_mask"] for r in rows]
+        weights = token_weights(masks, self.args.loss_agg_mode, self.args.rollout_max_response_len)
+        metric = token_weights(masks, "token-mean")
+        return [{**r, "token_weight": w, "metric_weight": m} for r, w, m in zip(rows, weights, metric, strict=True)]
+
+    def _sft_rows(self, data: TrainData) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        rows = [
+            {"response_length": n, "loss_mask": torch.tensor(m, dtype=torch.float32)}
+            for n, m in zip(data.response_lengths, data.loss_masks, strict=True)
         ]
-        n = max(1.0, sum(float(sum(m)) for m in data.loss_masks))
-        return {"train/train_rollout_logprob_abs_diff": float(sum(d.sum() for d in diffs)) / n}
+        return rows, {}
+
+    def _rl_rows(self, data: TrainData) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Old/ref log-probs, values, advantages and off-policy weights of every sample."""
+        args, lengths = self.args, data.response_lengths
+        masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
+        old_lp = _response(self.engine.forward_logprobs(data.tokens), lengths)
+        ref_lp = None
+        if self.ref_weights is not None:
+            ref_lp = _response(self._forward_with_weights(self.ref_weights, data.tokens), lengths)
+        values = _response(self.critic.forward_values(data.tokens), lengths) if self.critic is not None else None
+        rollout_lp = [None if r is None else torch.tensor(r, dtype=torch.float32) for r in data.rollout_log_probs]
+        rewards = list(data.raw_rewards)
+        metrics: dict[str, float] = {}
+        if args.overlong_buffer_len:
+            penalties = [
+                overlong_penalty(
+                    n, args.rollout_max_response_len, args.overlong_buffer_len, args.overlong_penalty_factor
+                )
+                for n in lengths
+            ]
+            rewards = [r + p for r, p in zip(rewards, penalties, strict=True)]
+            metrics["train/overlong_penalty_mean"] = sum(penalties) / max(1, len(penalties))
+        inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values)
+        result = compute_advantages(args, inputs, self.custom_advantage)
+        if values is not None and result.returns is None:
+            raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
+        is_weights = self._is_weights(old_lp, rollout_lp, masks)
+        old = self._require_rollout(rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
+        rows = []
+        for i, mask in enumerate(masks):
+            row = {
+                "response_length": lengths[i],
+                "loss_mask": mask,
+                "old_log_probs": old[i],
+                "advantages": result.advantages[i],
+            }
+            if ref_lp is not None:
+                row["ref_log_probs"] = ref_lp[i]
+            if is_weights is not None:
+                row["is_weight"] = is_weights[i]
+            if values is not None:
+                row["old_values"], row["returns"] = values[i], result.returns[i]
+            rows.append(row)
+        metrics.update(self._rollout_metrics(result.advantages, masks, old_lp, rollout_lp, is_weights))
+        return rows, metrics
+
+    def _require_rollout(self, rollout_lp: list[torch.Tensor | None], flag: str) -> list[torch.Tensor]:
+        missing = [i for i, r in enumerate(rollout_lp) if r is None]
+        if missing:
+            raise ValueError(f"{flag} needs SGLang's log-probs, but {len(missing)} samples have none")
+        return rollout_lp  # type: ignore[return-value]
+
+    def _is_weights(
+        self, old_lp: list[torch.Tensor], rollout_lp: list[torch.Tensor | None], masks: list[torch.Tensor]
+    ) -> list[torch.Tensor] | None:
+        """Per-token off-policy weights pi_old / pi_rollout of the chosen correction (None: no correction)."""
+        args = self.args
+        if args.use_tis:
+            flag, weigh = "--use-tis", lambda d, m: tis_weights(d, args.tis_clip_low, args.tis_clip)
+        elif args.use_mis:
+            flag, weigh = "--use-mis", lambda d, m: mis_weights(d, m, args.mis_level, args.mis_low, args.mis_high)
+        elif args.use_decoupled_loss:
+            flag, weigh = "--use-decoupled-loss", lambda d, m: decoupled_weights(d, args.behav_imp_weight_cap)
+        else:
+            return None
+        behaviour = self._require_rollout(rollout_lp, flag)
+        return [weigh(o - b, m) for o, b, m in zip(old_lp, behaviour, masks, strict=True)]
+
+    def _rollout_metrics(
+        self,
+        advantages: list[torch.Tensor],
+        masks: list[torch.Tensor],
+        old_lp: list[torch.Tensor],
+        rollout_lp: list[torch.Tensor | None],
+        is_weights: list[torch.Tensor] | None,
+    ) -> dict[str, float]:
+        """Advantage statistics, train/rollout mismatch (where SGLang gave log-probs) and IS weight use."""
+        tokens = max(1.0, sum(float(m.sum()) for m in masks))
+        mean = sum(float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)) / tokens
+        var = sum(float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)) / tokens
+        metrics = {"train/advantage_mean": mean, "train/advantage_std": var**0.5}
+        have = [i for i, r in enumerate(rollout_lp) if r is not None]
+        if have:
+            sums: dict[str, float] = {}
+            for i in have:
+                part = mismatch_sums(old_lp[i], rollout_lp[i], masks[i], self.args.mis_low, self.args.mis_high)
+                for key, value in part.items():
+                    sums[key] = sums.get(key, 0.0) + value
+            n = max(1.0, sum(float(masks[i].sum()) for i in have))
+            metrics["train/train_rollout_logprob_abs_diff"] = sums["abs_diff"] / n
+            metrics["train/train_rollout_kl"] = sums["kl"] / n
+            metrics["train/train_rollout_out_of_band_frac"] = sums["out_of_band"] / n
+        if is_weights is not None:
+            metrics["train/is_weight_mean"] = (
+                sum(float((w * m).sum()) for w, m in zip(is_weights, masks, strict=True)) / tokens
+            )
+            metrics["train/is_dropped_frac"] = (
+                sum(float(((w == 0).float() * m).sum()) for w, m in zip(is_weights, masks, strict=True)) / tokens
+            )
+        return metrics
 
     def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
-        """Push the current weights to every server (rank 0 sends; all ranks take part in the gather)."""
+        """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the
+        gather), retrying and falling back as the weight-update flags say; optionally check the result."""
         start = time.monotonic()
-        named = self.engine.export_hf_weights()
-        if self.rank != 0:
-            for _ in named:  # the gather across TP/PP ranks is collective
-                pass
-            return time.monotonic() - start
         if self.transport is None:
             self.transport = self._make_transport(server_urls, transport, output_dir)
-        self.transport.send(named, version)
+        used = self.transport.update(self.engine.export_hf_weights, version)
+        if self.args.check_weight_update:
+            from slime_like.weights.check import check_servers
+
+            tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
+            worst = check_servers(self.engine, server_urls, tolerance, self.rank, version)
+            logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
         return time.monotonic() - start
 
     def _make_transport(self, server_urls: list[str], kind: str, output_dir: str):
-        if kind == "disk":
-            from slime_like.weights.disk import DiskTransport
-
-            return DiskTransport(
-                server_urls,
-                self.args.update_weight_buffer_size,
-                self.args.hf_checkpoint,
-                os.path.join(output_dir, "weights"),
-            )
+        """A WeightUpdater with `kind` as the transport and the --update-weight-fallback one behind it."""
+        from slime_like.weights.disk import DiskTransport
         from slime_like.weights.distributed import DistributedTransport
+        from slime_like.weights.tensor import TensorTransport
+        from slime_like.weights.updater import WeightUpdater
 
-        return DistributedTransport(
-            server_urls, self.args.update_weight_buffer_size, tp_per_server=self.args.rollout_num_gpus_per_engine
-        )
+        args = self.args
+        size, timeout, tp = args.update_weight_buffer_size, args.update_weight_timeout, args.rollout_num_gpus_per_engine
+        factories = {
+            "distributed": lambda: DistributedTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
+            "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
+            "disk": lambda: DiskTransport(
+                server_urls, size, args.hf_checkpoint, os.path.join(output_dir, "weights"), timeout_s=timeout
+            ),
+        }
+        fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
+        return WeightUpdater(factories, kind, fallback, args.update_weight_retries, self.rank)
 
     def save(self, directory: str) -> None:
-        """Megatron distributed checkpoint of model, optimizer and RNG."""
+        """Megatron distributed checkpoint of model, optimizer and RNG (the critic's next to it)."""
         self.engine.save_checkpoint(directory)
+        if self.critic is not None:
+            self.critic.save_checkpoint(self._critic_dir(directory))
 
     def load(self, directory: str) -> None:
         """Load a checkpoint written by `save`."""
         self.engine.load_checkpoint(directory)
+        if self.critic is not None:
+            self.critic.load_checkpoint(self._critic_dir(directory))
+
+    @staticmethod
+    def _critic_dir(directory: str) -> str:
+        path = Path(directory)
+        return str(path.with_name(path.name + "_critic"))

@@ -6,8 +6,15 @@ import argparse
 import os
 
 from buffer.arguments import add_data_arguments
-from rollout.arguments import add_rollout_arguments, sglang_passthrough
-from slime_like.training_arguments import add_algorithm_arguments, add_checkpoint_arguments, add_megatron_arguments
+from rollout.arguments import add_rollout_arguments, sglang_passthrough, validate_rollout_args
+from slime_like.model_arguments import add_model_arguments, check_against_hf_config
+from slime_like.planner import add_plan_arguments, dry_run, load_hf_config
+from slime_like.training_arguments import (
+    add_algorithm_arguments,
+    add_checkpoint_arguments,
+    add_megatron_arguments,
+    validate_algorithm_args,
+)
 
 
 class ArgumentError(ValueError):
@@ -25,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_arguments(parser)
     add_megatron_arguments(parser)
     add_algorithm_arguments(parser)
+    add_model_arguments(parser)
+    add_plan_arguments(parser)
     g = parser.add_argument_group("logging")
     g.add_argument("--output-dir", default="outputs/run", help="metrics.jsonl, plots and logs go here")
     g.add_argument("--use-tensorboard", action="store_true")
@@ -46,8 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         validate(args)
-    except ArgumentError as exc:
+        config = load_hf_config(args.hf_checkpoint)
+    except (ArgumentError, ValueError, OSError) as exc:
         parser.error(str(exc))
+    problems = check_against_hf_config(args, config)
+    if problems:
+        parser.error("the model flags contradict the HF config of --hf-checkpoint:\n  " + "\n  ".join(problems))
+    if args.dry_run:
+        parser.exit(dry_run(args, config))
     return args
 
 
@@ -61,8 +76,6 @@ def validate(args: argparse.Namespace) -> None:
             f"--rollout-batch-size x --n-samples-per-prompt = {samples} samples per rollout must be a multiple "
             f"of --global-batch-size {args.global_batch_size}"
         )
-    if args.eps_clip_high is None:
-        args.eps_clip_high = args.eps_clip
     args.world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
     model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
     if args.world_size % model_parallel:
@@ -83,5 +96,5 @@ def validate(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
     if args.eval_interval and not args.eval_prompt_data:
         raise ArgumentError("--eval-interval needs --eval-prompt-data")
-    if args.use_kl_loss and args.kl_loss_coef == 0:
-        raise ArgumentError("--use-kl-loss needs a non-zero --kl-loss-coef")
+    validate_algorithm_args(args)
+    validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts

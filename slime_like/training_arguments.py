@@ -11,6 +11,9 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
+    g.add_argument("--expert-tensor-parallel-size", type=int, default=None, help="default: the TP size")
+    g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None, help="layers of the first PP stage")
+    g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None, help="layers of the last PP stage")
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--bf16", action="store_true")
@@ -36,18 +39,164 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
-    """Advantage estimator and policy-loss flags."""
+    """Advantage estimator, policy-loss, off-policy, DAPO, SFT, critic and custom-hook flags."""
+    from slime_like.algorithms.names import AGG_MODES, ESTIMATORS, KL_TYPES, LOSS_TYPES, MIS_LEVELS
+
     g = parser.add_argument_group("algorithm")
-    g.add_argument("--advantage-estimator", default="grpo", choices=["grpo"])
+    g.add_argument("--advantage-estimator", default="grpo", choices=ESTIMATORS)
     g.add_argument("--disable-grpo-std-normalization", action="store_true", help="Dr.GRPO: centre rewards only")
+    g.add_argument("--normalize-advantages", action="store_true", help="whiten advantages over the rollout's tokens")
+    g.add_argument("--loss-type", default="policy_loss", choices=LOSS_TYPES)
+    g.add_argument(
+        "--loss-agg-mode",
+        default=None,
+        choices=AGG_MODES,
+        help="how token losses make a step's loss; default token-mean (seq-mean-token-mean for gspo); "
+        "seq-mean-token-sum-norm is Dr.GRPO's constant normaliser --rollout-max-response-len",
+    )
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument(
         "--eps-clip-high", type=float, default=None, help="upper clip (DAPO clip-higher); default --eps-clip"
     )
+    g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip bound c > 1 for negative advantages")
+    g.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus")
     g.add_argument("--use-kl-loss", action="store_true", help="add a KL-to-reference term to the loss")
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", default="low_var_kl", choices=["k1", "k2", "k3", "low_var_kl"])
-    g.add_argument("--entropy-coef", type=float, default=0.0)
+    g.add_argument("--kl-loss-type", default="low_var_kl", choices=KL_TYPES)
+    g.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="KL-to-reference penalty in the token rewards (ppo, reinforce_plus_plus[_baseline])",
+    )
+    g.add_argument("--gamma", type=float, default=1.0, help="discount of token returns (ppo, reinforce++)")
+    g.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (ppo)")
+    g.add_argument(
+        "--custom-advantage-function-path",
+        default=None,
+        help="(args, AdvantageInputs) -> per-sample advantage tensors; see slime_like/algorithms/advantages.py",
+    )
+    g.add_argument(
+        "--custom-loss-function-path",
+        default=None,
+        help="with --loss-type custom_loss: (args, log_probs, entropy, rows) -> per-token losses; "
+        "see slime_like/algorithms/loss.py",
+    )
+    d = parser.add_argument_group("DAPO overlong shaping")
+    d.add_argument(
+        "--overlong-buffer-len", type=int, default=0, help="soft overlong penalty over the last N tokens (0: off)"
+    )
+    d.add_argument("--overlong-penalty-factor", type=float, default=1.0)
+    o = parser.add_argument_group("off-policy corrections")
+    o.add_argument(
+        "--use-rollout-logprobs", action="store_true", help="SGLang's log-probs as the old policy of the ratio"
+    )
+    o.add_argument("--use-tis", action="store_true", help="truncated importance sampling on rollout log-probs")
+    o.add_argument("--tis-clip", type=float, default=2.0, help="upper bound of the TIS weight")
+    o.add_argument("--tis-clip-low", type=float, default=0.0, help="lower bound of the TIS weight")
+    o.add_argument("--use-mis", action="store_true", help="masked importance sampling: drop what leaves the band")
+    o.add_argument("--mis-level", default="token", choices=MIS_LEVELS)
+    o.add_argument("--mis-low", type=float, default=0.5, help="band of the IS ratio (also of the mismatch metric)")
+    o.add_argument("--mis-high", type=float, default=2.0)
+    o.add_argument("--use-decoupled-loss", action="store_true", help="AReaL's decoupled PPO objective")
+    o.add_argument("--behav-imp-weight-cap", type=float, default=None, help="drop tokens whose weight exceeds it")
+    c = parser.add_argument_group("critic (--advantage-estimator ppo)")
+    c.add_argument("--critic-lr", type=float, default=None, help="default --lr")
+    c.add_argument("--value-clip", type=float, default=0.2, help="value clipping around the rollout's values")
+    c.add_argument(
+        "--num-critic-only-steps", type=int, default=0, help="first N rollouts train only the critic (warm-up)"
+    )
+
+
+def _error(message: str) -> None:
+    from slime_like.arguments import ArgumentError
+
+    raise ArgumentError(message)
+
+
+def validate_algorithm_args(args: argparse.Namespace) -> None:
+    """Fill the algorithm group's derived defaults and reject contradictions, naming the flags."""
+    from slime_like.algorithms.names import SEQUENCE_LEVEL
+
+    est = args.advantage_estimator
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    if args.loss_agg_mode is None:
+        args.loss_agg_mode = "seq-mean-token-mean" if est == "gspo" else "token-mean"
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
+        _error(f"--eps-clip-c {args.eps_clip_c}: the dual-clip bound must be > 1")
+    if args.eps_clip_c is not None and est == "cispo":
+        _error("--eps-clip-c (dual-clip) has no effect with --advantage-estimator cispo, which clips the weight")
+    if args.gamma != 1.0 and est not in ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        _error(f"--gamma discounts token returns, which --advantage-estimator {est} does not use")
+    if args.lambd != 1.0 and est != "ppo":
+        _error("--lambd is GAE's lambda: it needs --advantage-estimator ppo")
+    if args.use_kl_loss and args.kl_loss_coef == 0:
+        _error("--use-kl-loss needs a non-zero --kl-loss-coef")
+    if args.kl_loss_coef and not args.use_kl_loss:
+        _error("--kl-loss-coef is set but --use-kl-loss is not: add --use-kl-loss (or drop the coefficient)")
+    if args.kl_coef and est in SEQUENCE_LEVEL:
+        _error(
+            f"--kl-coef shapes token rewards, which --advantage-estimator {est} does not use: "
+            "use --use-kl-loss --kl-loss-coef, or ppo / reinforce_plus_plus[_baseline]"
+        )
+    if (args.loss_type == "custom_loss") != bool(args.custom_loss_function_path):
+        _error("--loss-type custom_loss and --custom-loss-function-path go together")
+    if est == "rloo" and args.n_samples_per_prompt < 2:
+        _error("--advantage-estimator rloo needs --n-samples-per-prompt >= 2 (the leave-one-out baseline)")
+    if est != "ppo" and (args.num_critic_only_steps or args.critic_lr is not None):
+        _error("--num-critic-only-steps and --critic-lr need --advantage-estimator ppo (the critic)")
+    corrections = [f for f in ("use_tis", "use_mis", "use_decoupled_loss") if getattr(args, f)]
+    if len(corrections) > 1:
+        _error(f"choose one off-policy correction, not {' and '.join('--' + f.replace('_', '-') for f in corrections)}")
+    if corrections and args.use_rollout_logprobs:
+        _error(
+            f"--{corrections[0].replace('_', '-')} weights pi_old/pi_rollout; with --use-rollout-logprobs "
+            "pi_old is pi_rollout and the weight is 1: drop one of them"
+        )
+    if args.use_tis and not 0 <= args.tis_clip_low < args.tis_clip:
+        _error(f"--tis-clip-low {args.tis_clip_low} must be >= 0 and below --tis-clip {args.tis_clip}")
+    if not 0 <= args.mis_low < args.mis_high:
+        _error(f"--mis-low {args.mis_low} must be >= 0 and below --mis-high {args.mis_high}")
+    if args.behav_imp_weight_cap is not None and not args.use_decoupled_loss:
+        _error("--behav-imp-weight-cap needs --use-decoupled-loss")
+    if args.overlong_buffer_len and not 0 < args.overlong_buffer_len < args.rollout_max_response_len:
+        _error(
+            f"--overlong-buffer-len {args.overlong_buffer_len} must be between 0 and "
+            f"--rollout-max-response-len {args.rollout_max_response_len}"
+        )
+    if args.loss_type == "sft_loss":
+        rl_only = [
+            flag
+            for flag, on in (
+                ("--use-kl-loss", args.use_kl_loss),
+                ("--kl-coef", args.kl_coef),
+                ("--advantage-estimator ppo", est == "ppo"),
+                ("--entropy-coef", args.entropy_coef),
+                ("--overlong-buffer-len", args.overlong_buffer_len),
+                ("--use-rollout-logprobs", args.use_rollout_logprobs),
+                *((f"--{f.replace('_', '-')}", True) for f in corrections),
+            )
+            if on
+        ]
+        if rl_only:
+            _error(f"--loss-type sft_loss trains on the data's tokens; {', '.join(rl_only)} would be ignored")
+    _check_hooks(args)
+
+
+def _check_hooks(args: argparse.Namespace) -> None:
+    """Import the custom loss/advantage functions now, before any server starts."""
+    from slime_like.plugin_loader import PluginError, load_plugin
+
+    try:
+        if args.custom_loss_function_path:
+            load_plugin(args.custom_loss_function_path, "--custom-loss-function-path", params=4, is_async=False)
+        if args.custom_advantage_function_path:
+            load_plugin(
+                args.custom_advantage_function_path, "--custom-advantage-function-path", params=2, is_async=False
+            )
+    except PluginError as exc:
+        _error(str(exc))
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,5 +207,34 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--save-interval", type=int, default=None, help="save every N rollouts")
     g.add_argument("--load", default=None, help="checkpoint directory to resume from")
     w = parser.add_argument_group("weight update")
-    w.add_argument("--update-weight-transport", default="distributed", choices=["distributed", "disk"])
+    w.add_argument(
+        "--update-weight-transport",
+        default="distributed",
+        choices=["distributed", "tensor", "disk"],
+        help="distributed: broadcast (NCCL/gloo); tensor: shared memory / CUDA IPC handles (servers on the "
+        "trainer's node, e.g. --colocate); disk: safetensors files reloaded by the servers",
+    )
     w.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per update bucket")
+    w.add_argument(
+        "--update-weight-timeout", type=float, default=300.0, help="seconds any server call or broadcast may take"
+    )
+    w.add_argument(
+        "--update-weight-retries", type=int, default=1, help="retries of a failed update before the fallback"
+    )
+    w.add_argument(
+        "--update-weight-fallback",
+        default="disk",
+        choices=["disk", "none"],
+        help="transport used when the chosen one failed every retry",
+    )
+    w.add_argument(
+        "--check-weight-update",
+        action="store_true",
+        help="after every update, compare a probe's log-probs between the trainer and each server",
+    )
+    w.add_argument(
+        "--check-weight-update-tolerance",
+        type=float,
+        default=None,
+        help="largest log-prob difference the check accepts (default 1e-3 in fp32, 0.1 with --bf16)",
+    )

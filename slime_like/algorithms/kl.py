@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+from slime_like.algorithms.names import KL_TYPES
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Run Megatron-core on a CPU-only machine: three process-wide adaptations and the config choices.
+"""Run Megatron-core on a CPU-only machine: four process-wide adaptations and the config choices.
 
 Megatron-core and mbridge hard-code CUDA in a few places (buffer placement, `.cuda()` calls,
-`param.type() == "torch.cuda.FloatTensor"` checks, `torch.cuda.synchronize()` in pipeline p2p).
-When CUDA is not available, `apply_cpu_compat()` makes those resolve to the CPU; with CUDA it does
+`param.type() == "torch.cuda.FloatTensor"` checks, `torch.cuda.synchronize()` in pipeline p2p, the
+MoE all-to-all token dispatcher's device-to-host side stream). When CUDA is not available, `apply_cpu_compat()` makes those resolve to the CPU; with CUDA it does
 nothing. The config choices that need no patch (fusions off, torch norms, p2p without batching, the
 no-op RNG tracker) live here too; the other one, always passing an explicit causal mask (Megatron
 builds its default mask on "cuda"), is kept by packing.py.
@@ -11,6 +11,7 @@ builds its default mask on "cuda"), is kept by packing.py.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import random
 from typing import Any
 
@@ -78,6 +79,7 @@ def apply_cpu_compat(global_mode: bool = True) -> None:
     process (it costs ~1 us per torch call); other threads use `cuda_to_cpu()` around their calls.
     """
     global _APPLIED
+    _fix_missing_te()
     if ON_CUDA:
         return
     if not _APPLIED:
@@ -85,9 +87,46 @@ def apply_cpu_compat(global_mode: bool = True) -> None:
         torch.cuda.current_device = lambda: torch.device("cpu")
         # Pipeline p2p with variable sequence lengths synchronises the device: nothing to wait for.
         torch.cuda.synchronize = lambda device=None: None
+        _cpu_moe_dispatcher()
         _APPLIED = True
     if global_mode and not _mode_active():
         CudaToCpuMode().__enter__()
+
+
+def _fix_missing_te() -> None:
+    """Two Megatron modules misjudge a missing Transformer Engine (on any device).
+
+    The MoE router tests `te_general_gemm is not None` but defines it only when TE imports; MLA
+    imports Megatron's TE extension, which succeeds with MagicMock classes when TE is absent.
+    """
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    multi_latent_attention.HAVE_TE = False
+
+
+def _cpu_moe_dispatcher() -> None:
+    """Let Megatron's all-to-all MoE token dispatcher run without a CUDA stream.
+
+    It copies its split sizes device-to-host on a side stream it creates at construction; on the CPU
+    they are host tensors already, so only the conversion to numpy (what the copy returns) remains.
+    """
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    def dtoh_and_synchronize(self, point: str, tokens_per_expert: torch.Tensor | None = None):
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            for attr in ("input_splits", "output_splits", "output_splits_tp"):
+                value = getattr(self, attr)
+                if torch.is_tensor(value):
+                    setattr(self, attr, value.numpy())
+        return tokens_per_expert
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "no stream on the CPU"  # skips torch.cuda.Stream()
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = dtoh_and_synchronize
 
 
 def transformer_config_overrides(local_spec: bool) -> dict[str, Any]:
@@ -105,6 +144,8 @@ def transformer_config_overrides(local_spec: bool) -> dict[str, Any]:
             moe_permute_fusion=False,
             moe_router_fusion=False,
             moe_grouped_gemm=False,
+            # Overlapping shared experts runs them on a second CUDA stream.
+            moe_shared_expert_overlap=False,
             # torch LayerNorm/RMSNorm assert on these.
             persist_layer_norm=False,
             sequence_parallel=False,

@@ -15,6 +15,7 @@ the gradient is exactly the gradient of the sum of shares over all micro-batches
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,37 @@ def _sum_dicts(parts: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
+def _value_head(model, pre_process, post_process, config, hf_config) -> None:
+    """mbridge post-creation callback: replace the output layer by a zero-initialised hidden -> 1 linear.
+
+    Zero init makes every rank's head identical without relying on RNG state, and the first values 0.
+    mbridge's load_weights skips a [1, hidden] output layer, so the trunk still loads from HF.
+    """
+    from mbridge.utils.post_creation_callbacks import make_value_model
+
+    make_value_model(model, pre_process, post_process, config, hf_config)
+    if post_process:
+        torch.nn.init.zeros_(model.output_layer.weight)
+
+
+@contextmanager
+def _value_heads_hidden(model: list[torch.nn.Module]) -> Iterator[None]:
+    """Hide value heads from state_dict while HF weights load: mbridge would map them to the LM head
+    (or, with tied embeddings, load the embedding twice and fail); they keep their zero init."""
+    hidden = []
+    for chunk in model:
+        while hasattr(chunk, "module"):
+            chunk = chunk.module
+        if getattr(chunk, "output_layer", None) is not None:
+            hidden.append((chunk, chunk.output_layer))
+            chunk.output_layer = None
+    try:
+        yield
+    finally:
+        for chunk, head in hidden:
+            chunk.output_layer = head
+
+
 class MegatronTrainEngine:
     """A Megatron actor backend: log-probs, train steps, HF export and checkpoints of one model."""
 
@@ -50,18 +82,27 @@ class MegatronTrainEngine:
         max_tokens_per_micro_batch: int = 8192,
         dtype: torch.dtype = torch.float32,
         temperature: float = 1.0,
+        value_head: bool = False,
         **config_overrides: Any,
     ) -> None:
-        """Build the model from an HF checkpoint (after init_parallel); optimizer=None: forward only."""
+        """Build the model from an HF checkpoint (after init_parallel); optimizer=None: forward only.
+
+        value_head=True builds a critic: the output layer is a zero-initialised hidden -> 1 linear
+        (mbridge's value model), and the per-sequence outputs are values instead of log-probs.
+        """
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.utils import get_model_config
 
         self.max_tokens = max_tokens_per_micro_batch
         self.temperature = temperature
+        self.value_head = value_head
         self.bridge = model_lib.make_bridge(hf_dir, dtype, **config_overrides)
+        if value_head:
+            self.bridge.get_model = partial(self.bridge.get_model, post_model_creation_callbacks=[_value_head])
         distributed_optimizer = optimizer is not None and optimizer.use_distributed_optimizer
         self.model = model_lib.build_model(self.bridge, optimizer is not None, distributed_optimizer)
-        model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
+        with _value_heads_hidden(self.model) if value_head else nullcontext():
+            model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
         # TE's causal attention ignores explicit masks: give it one right-padded row per sequence.
         self.layout = "padded" if model_lib.uses_transformer_engine(self.bridge) else "packed"
         self.optimizer = self.scheduler = None
@@ -87,6 +128,11 @@ class MegatronTrainEngine:
         merged = share_from_last_stage(local, lambda parts: {i: v for part in parts for i, v in part.items()})
         logprobs = [merged[i][0] for i in range(len(sequences))]
         return (logprobs, [merged[i][1] for i in range(len(sequences))]) if with_entropy else logprobs
+
+    def forward_values(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> list[torch.Tensor]:
+        """A critic's (value_head=True) per-sequence values of the states before tokens 1..L-1."""
+        assert self.value_head, "engine was built without a value head"
+        return self.forward_logprobs(sequences)
 
     def train_step(
         self,
@@ -181,7 +227,9 @@ class MegatronTrainEngine:
             )
 
     def _outputs(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool):
-        """Per-sequence log-probs (and entropies) of one micro-batch from its logits."""
+        """Per-sequence log-probs (and entropies) of one micro-batch from its logits; values for a critic."""
+        if self.value_head:  # outputs are [rows, T, 1] values: position j values the state before token j+1
+            return mb.per_sequence(logits[..., 0].float()), None
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logprobs = mb.per_sequence(token_logprobs(logits, mb.tokens))

@@ -1,12 +1,12 @@
 """Model provider: Megatron GPTModel chunks from a Hugging Face checkpoint through mbridge.
 
-mbridge (0.15.1) needs three fixes, all made in `make_bridge`:
+The bridge class comes from the family registry (slime_like.megatron.families), which also holds the
+Megatron <-> HF name maps used to load and export weights (slime_like.megatron.hf_weights). mbridge
+builds the TransformerConfig and the GPTModel; the fixes it needs are made here and in bridges.py:
 - transformers 5 configs keep `rope_theta` in `rope_parameters`; mbridge reads `hf_config.rope_theta`.
 - mbridge always builds the Transformer Engine layer spec; without CUDA+TE we swap in Megatron's local
-  spec, whose layer norms are separate modules (`input_layernorm`, `pre_mlp_layernorm`) instead of
-  being fused into the next linear, so they need two extra HF name mappings.
-- mbridge's tied-embedding adjustment mutates a class-level mapping shared by every bridge of the
-  family; we give each bridge its own copies of the mappings.
+  spec (separate layer-norm modules, SequentialMLP experts), whose names the registry maps directly.
+- Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16): bridges.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
+from slime_like.megatron import hf_weights
+from slime_like.megatron.bridges import fix_hf_config
 from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, cuda_to_cpu, transformer_config_overrides
+from slime_like.megatron.families import family_of
 
 
 def _use_transformer_engine() -> bool:
@@ -34,62 +37,54 @@ def _use_transformer_engine() -> bool:
 def _local_layer_spec(self, vp_stage: int | None = None):
     """Replacement for LLMBridge._get_transformer_layer_spec building Megatron's local spec."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
     self.has_vp_stage = True  # read by LLMBridge's provider
-    return get_gpt_decoder_block_spec(
+    spec = get_gpt_decoder_block_spec(
         self.config, use_transformer_engine=False, normalization=self.config.normalization, vp_stage=vp_stage
     )
+    for layer in spec.layer_specs:
+        attention = layer.submodules.self_attention
+        if attention.module is MLASelfAttention:
+            attention.submodules.core_attention = _mla_core_attention()
+    return spec
 
 
-def _fix_hf_config(hf_config) -> None:
-    """Expose rope_theta at the top level, where mbridge reads it (transformers 5 moved it)."""
-    if getattr(hf_config, "rope_theta", None) is None:
-        rope = getattr(hf_config, "rope_parameters", None) or {}
-        hf_config.rope_theta = rope.get("rope_theta", 10000.0)
+def _mla_core_attention() -> type:
+    """Megatron's local DotProductAttention taking MLA's k/v head sizes (it assumes kv_channels for both)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs) -> None:
+            # Attention.__init__ builds one without the channels, then MLASelfAttention replaces it; MLA
+            # passes its softmax_scale, so only the output width needs v_channels.
+            super().__init__(*args, **kwargs)
+            if v_channels is not None:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    return MLADotProductAttention
 
 
-def _own_mappings(bridge, local_spec: bool) -> None:
-    """Give the bridge instance private name maps, with the local spec's separate layer norms."""
-    tied = getattr(bridge.hf_config, "tie_word_embeddings", False)
-    direct = dict(type(bridge)._DIRECT_MAPPING)
-    if "output_layer.weight" in direct:
-        direct["output_layer.weight"] = "model.embed_tokens.weight" if tied else "lm_head.weight"
-    bridge._DIRECT_MAPPING = direct
-    bridge._MLP_MAPPING = dict(type(bridge)._MLP_MAPPING)
-    bridge._OTHER_MAPPING = dict(type(bridge)._OTHER_MAPPING)
-    if local_spec:
-        # Names under "mlp" (pre_mlp_layernorm) are looked up in _MLP_MAPPING, the rest in _OTHER_MAPPING.
-        bridge._MLP_MAPPING.setdefault(
-            "pre_mlp_layernorm.weight", ["model.layers.{layer_number}.post_attention_layernorm.weight"]
-        )
-        bridge._OTHER_MAPPING.setdefault(
-            "input_layernorm.weight", ["model.layers.{layer_number}.input_layernorm.weight"]
-        )
-
-
-def make_bridge(hf_dir: str | Path, dtype: torch.dtype = torch.float32, **config_overrides):
+def make_bridge(
+    hf_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    make_vocab_size_divisible_by: int | None = None,
+    **config_overrides,
+):
     """An mbridge Bridge for the checkpoint in hf_dir (call after init_parallel).
 
+    `make_vocab_size_divisible_by` pads Megatron's vocabulary (padding rows are dropped on export);
     `config_overrides` are extra Megatron TransformerConfig fields (e.g. recompute settings).
     """
-    from mbridge import AutoBridge
-
     apply_cpu_compat()
     hf_config = AutoConfig.from_pretrained(str(hf_dir))
-    _fix_hf_config(hf_config)
-    bridge_cls = _bridge_class(hf_config)
-    # LLMBridge.__init__ mutates the class-level _DIRECT_MAPPING for tied models: restore it after.
-    cls_direct = dict(bridge_cls._DIRECT_MAPPING)
-    try:
-        bridge = AutoBridge.from_config(hf_config, dtype=dtype)
-    finally:
-        bridge_cls._DIRECT_MAPPING.clear()
-        bridge_cls._DIRECT_MAPPING.update(cls_direct)
+    fix_hf_config(hf_config)
+    family = family_of(hf_config)
+    bridge = family.bridge(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     local_spec = not _use_transformer_engine()
     bridge.slime_like_local_spec = local_spec
     if local_spec:
         bridge._get_transformer_layer_spec = types.MethodType(_local_layer_spec, bridge)
-    _own_mappings(bridge, local_spec)
     bridge.set_extra_args(**transformer_config_overrides(local_spec), **config_overrides)
     return bridge
 
@@ -97,15 +92,6 @@ def make_bridge(hf_dir: str | Path, dtype: torch.dtype = torch.float32, **config
 def uses_transformer_engine(bridge) -> bool:
     """Whether make_bridge kept mbridge's Transformer Engine layer spec (CUDA with TE installed)."""
     return not bridge.slime_like_local_spec
-
-
-def _bridge_class(hf_config):
-    from mbridge.core.bridge import _MODEL_REGISTRY
-
-    try:
-        return _MODEL_REGISTRY[hf_config.model_type]
-    except KeyError:
-        raise ValueError(f"mbridge has no bridge for model_type {hf_config.model_type!r}") from None
 
 
 def build_model(
@@ -136,26 +122,22 @@ def build_model(
 
 def load_hf_weights(bridge, model: list[torch.nn.Module], hf_dir: str | Path) -> None:
     """Copy HF safetensors weights into the model chunks (before the optimizer copies them)."""
-    with cuda_to_cpu(), torch.no_grad():
-        bridge.load_weights(model, str(hf_dir))
+    with cuda_to_cpu():
+        hf_weights.load_hf_weights(model, hf_dir, bridge.hf_config, bridge.config)
 
 
 def export_hf_weights(bridge, model: list[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (hf_name, full tensor) on every rank, gathered across TP and PP (a collective: all ranks
+    """Yield (hf_name, full tensor) on every rank, gathered across TP, EP and PP (a collective: all ranks
     must iterate to the end).
 
     Tensors may be views of live parameters: consume (or clone) them before the next optimizer step.
     Tied embeddings that exist on two pipeline stages are yielded once.
     """
-    seen: set[str] = set()
-    weights = bridge.export_weights(model)
+    weights = hf_weights.export_hf_weights(model, bridge.hf_config, bridge.config)
     while True:
         # Modes are entered per item so that the caller's code between items runs outside them.
-        with cuda_to_cpu(), torch.no_grad():
+        with cuda_to_cpu():
             item = next(weights, None)
         if item is None:
             return
-        name, tensor = item
-        if name not in seen:
-            seen.add(name)
-            yield name, tensor.detach()
+        yield item

@@ -1,11 +1,29 @@
-"""The interface every weight-update transport implements, and the bucketing they share."""
+"""The interface every weight-update transport implements, the update protocol they share, and bucketing.
+
+`update` is the protocol around a transport's `send`: pause generation on every server (in-flight
+requests are aborted and drained, new ones wait), flush the KV caches (they hold the old weights'
+keys and values), send the weights, tag the new weight version, and let generation continue, also
+when the update failed (a paused server would hang). Transports send with `flush_cache: false`: a
+flush that races a request finishing can kill an SGLang server, so it is done here first, with retries.
+"""
 
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Iterable, Iterator
 
 import torch
+
+from slime_like.weights.server_calls import (
+    continue_generation,
+    flush_cache,
+    on_all,
+    pause_generation,
+    set_weight_version,
+)
+
+logger = logging.getLogger(__name__)
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
@@ -13,19 +31,38 @@ NamedTensors = Iterable[tuple[str, torch.Tensor]]
 class WeightTransport(abc.ABC):
     """Moves one full set of HF-named weights from trainer rank 0 into every SGLang server."""
 
-    def __init__(self, server_urls: list[str], bucket_bytes: int) -> None:
+    name = "transport"  # the --update-weight-transport value
+
+    def __init__(self, server_urls: list[str], bucket_bytes: int, timeout_s: float = 300.0) -> None:
         self.server_urls = list(server_urls)
         self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s  # bounds every server call and broadcast
 
     def connect(self) -> None:  # noqa: B027 - optional hook
-        """Prepare the channel to the servers (called once, and again after a failure)."""
+        """Prepare the channel to the servers (called before the first send, and again after a failure)."""
 
     @abc.abstractmethod
     def send(self, named_tensors: NamedTensors, version: int) -> None:
-        """Push all tensors to every server and tag them with weight `version`."""
+        """Push all tensors to every server (generation is paused and caches flushed around it)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the channel."""
+        """Release the channel (best effort: a dead server cannot answer)."""
+
+    def update(self, named_tensors: NamedTensors, version: int) -> None:
+        """Pause and drain generation, flush caches, send, tag `version`, continue generation."""
+        timeout = self.timeout_s
+        on_all(self.server_urls, pause_generation, timeout)
+        try:
+            # Generation is paused, so a refusal can only be a request finishing: a few retries suffice.
+            on_all(self.server_urls, flush_cache, max(3, int(timeout // 10)))
+            self.send(named_tensors, version)
+            on_all(self.server_urls, set_weight_version, version, timeout)
+        finally:
+            for url in self.server_urls:
+                try:
+                    continue_generation(url, timeout)
+                except Exception as exc:  # the update's own error (if any) is the one to report
+                    logger.warning("%s/continue_generation failed after a weight update: %r", url, exc)
 
 
 def buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -41,3 +78,40 @@ def buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tup
         size += nbytes
     if bucket:
         yield bucket
+
+
+def flat_size(bucket: list[tuple[str, torch.Tensor]], align: int = 1) -> int:
+    """Bytes a bucket takes flattened, each tensor starting at a multiple of `align`."""
+    return sum(-(-t.numel() * t.element_size() // align) * align for _, t in bucket)
+
+
+def flatten_into(
+    bucket: list[tuple[str, torch.Tensor]], buffer: torch.Tensor, align: int = 1
+) -> tuple[torch.Tensor, list[dict]]:
+    """Copy a bucket's bytes in order into `buffer` (uint8); return the used part and each tensor's place.
+
+    With align=1 the layout is SGLang's FlattenedTensorBucket (back to back), which a server rebuilds
+    from names, dtypes and shapes alone; with metadata sent along, tensors may start aligned.
+    """
+    metadata = []
+    offset = 0
+    for name, tensor in bucket:
+        offset = -(-offset // align) * align
+        nbytes = tensor.numel() * tensor.element_size()
+        target = buffer[offset : offset + nbytes]
+        if offset % tensor.element_size() == 0:  # a typed view: copy_ reads non-contiguous sources directly
+            target.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        else:
+            target.copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
+        metadata.append(
+            {
+                "name": name,
+                "shape": tensor.shape,
+                "dtype": tensor.dtype,
+                "start_idx": offset,
+                "end_idx": offset + nbytes,
+                "numel": nbytes,
+            }  # fmt: skip
+        )
+        offset += nbytes
+    return buffer[:offset], metadata

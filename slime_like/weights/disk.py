@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from slime_like.weights.base import NamedTensors, WeightTransport, buckets
-from slime_like.weights.server_calls import flush_cache, on_all, post
+from slime_like.weights.server_calls import on_all, post
 
 # Files a server needs besides the weights to load a model directory.
 _MODEL_FILES = (
@@ -23,22 +23,20 @@ _MODEL_FILES = (
 class DiskTransport(WeightTransport):
     """Writes `<dir>/v<version>/` (config and tokenizer copied from the HF checkpoint), keeping the last two."""
 
-    def __init__(self, server_urls: list[str], bucket_bytes: int, hf_checkpoint: str, directory: str) -> None:
-        super().__init__(server_urls, bucket_bytes)
+    name = "disk"
+
+    def __init__(
+        self, server_urls: list[str], bucket_bytes: int, hf_checkpoint: str, directory: str, timeout_s: float = 600.0
+    ) -> None:
+        super().__init__(server_urls, bucket_bytes, timeout_s)
         self.hf_checkpoint = Path(hf_checkpoint)
         self.directory = Path(directory)
 
     def send(self, named_tensors: NamedTensors, version: int) -> None:
-        """Write the shards, flush, reload on every server, flush again."""
+        """Write the shards, then reload them on every server."""
         target = self.write(named_tensors, version)
-        on_all(self.server_urls, flush_cache)
-        on_all(
-            self.server_urls,
-            post,
-            "/update_weights_from_disk",
-            {"model_path": str(target), "weight_version": str(version)},
-        )
-        on_all(self.server_urls, flush_cache)
+        payload = {"model_path": str(target), "weight_version": str(version), "flush_cache": False}
+        on_all(self.server_urls, post, "/update_weights_from_disk", payload, self.timeout_s)
         for old in self.directory.glob("v*"):
             if old != target and old.name != f"v{version - 1}":
                 shutil.rmtree(old, ignore_errors=True)

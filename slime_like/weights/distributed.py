@@ -1,8 +1,10 @@
-"""Distributed transport: trainer rank 0 broadcasts each tensor to every server over one process group.
+"""Distributed transport: trainer rank 0 broadcasts each bucket to every server over one process group.
 
 Servers join through /init_weights_update_group; for every bucket they are told names, dtypes and
-shapes by /update_weights_from_distributed and receive the tensors by broadcast (gloo on CPU,
-NCCL on GPU), the in-place path RL engines use when training and rollout are on separate devices.
+shapes by /update_weights_from_distributed (SGLang's "flattened_bucket" format) and receive the bucket
+as one flat broadcast (gloo on CPU, NCCL on GPU), the in-place path RL engines use when training and
+rollout are on separate devices. Every wait is bounded by `timeout_s`: a dead or stalled server makes
+the update fail with WeightUpdateError, and the next update builds a fresh group.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ import torch
 import torch.distributed as dist
 
 from slime_like.process import free_port
-from slime_like.weights.base import NamedTensors, WeightTransport, buckets
+from slime_like.weights.base import NamedTensors, WeightTransport, buckets, flat_size, flatten_into
 from slime_like.weights.process_group import init_weight_sync_group
-from slime_like.weights.server_calls import WeightUpdateError, flush_cache, on_all, post
+from slime_like.weights.server_calls import WeightUpdateError, post
 
 _group_ids = itertools.count()
 
 
 class DistributedTransport(WeightTransport):
     """Broadcast over a process group of trainer rank 0 plus every server's TP ranks."""
+
+    name = "distributed"
 
     def __init__(
         self,
@@ -34,13 +38,14 @@ class DistributedTransport(WeightTransport):
         master_address: str = "127.0.0.1",
         timeout_s: float = 120.0,
     ) -> None:
-        super().__init__(server_urls, bucket_bytes)
+        super().__init__(server_urls, bucket_bytes, timeout_s)
         self.tp_per_server = tp_per_server
         self.master_address = master_address
-        self.timeout_s = timeout_s
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self.group: dist.ProcessGroup | None = None
         self.group_name = ""
+        self._buffer: torch.Tensor | None = None
 
     def connect(self) -> None:
         """Create the group: every server joins (in threads) while this process joins as rank 0."""
@@ -77,35 +82,37 @@ class DistributedTransport(WeightTransport):
             for join in joins:
                 join.result()
 
+    def _flat_buffer(self, nbytes: int) -> torch.Tensor:
+        """A reusable send buffer of at least `nbytes` (on the GPU with NCCL)."""
+        if self._buffer is None or self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.device)
+        return self._buffer
+
     def send(self, named_tensors: NamedTensors, version: int) -> None:
-        """Flush, then per bucket announce (HTTP) and broadcast the tensors, then tag the version and flush."""
+        """Per bucket: announce it to every server (HTTP, in threads) and broadcast it flattened."""
         if self.group is None:
             self.connect()
-        on_all(self.server_urls, flush_cache)
-        for bucket in buckets(named_tensors, self.bucket_bytes):
-            payload = {
-                "names": [name for name, _ in bucket],
-                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket],
-                "group_name": self.group_name,
-                "flush_cache": False,
-            }
-            with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
+        with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
+            for bucket in buckets(named_tensors, self.bucket_bytes):
+                payload = {
+                    "names": [name for name, _ in bucket],
+                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket],
+                    "group_name": self.group_name,
+                    "load_format": "flattened_bucket",
+                    "flush_cache": False,
+                }
+                flat, _ = flatten_into(bucket, self._flat_buffer(flat_size(bucket)))
                 answers = [
                     pool.submit(post, url, "/update_weights_from_distributed", payload, self.timeout_s)
                     for url in self.server_urls
                 ]
                 try:
-                    for _, tensor in bucket:
-                        dist.broadcast(tensor.detach().contiguous(), group_src=0, group=self.group)
+                    dist.broadcast(flat, group_src=0, group=self.group)
                 except Exception as exc:
                     raise WeightUpdateError(f"broadcast to the servers failed: {exc!r}") from exc
                 for answer in answers:
                     answer.result()
-        on_all(
-            self.server_urls, post, "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}
-        )
-        on_all(self.server_urls, flush_cache)
 
     def close(self) -> None:
         """Leave the group on both sides (best effort: a dead server cannot answer)."""
@@ -113,8 +120,11 @@ class DistributedTransport(WeightTransport):
             return
         for url in self.server_urls:
             try:
-                post(url, "/destroy_weights_update_group", {"group_name": self.group_name}, timeout=30)
+                post(url, "/destroy_weights_update_group", {"group_name": self.group_name}, self.timeout_s)
             except WeightUpdateError:
                 pass
-        dist.destroy_process_group(self.group)
+        try:
+            dist.destroy_process_group(self.group)
+        except Exception:  # a group broken by a failed broadcast: nothing left to release
+            pass
         self.group = None

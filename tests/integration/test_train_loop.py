@@ -153,4 +153,7 @@ def test_async_disaggregated_disk_update(tiny_qwen3: Path, task: Path, tmp_path:
     # One step ahead: rollout k+1 is generated while rollout k trains, so it still sees version k.
     versions = [{s["weight_version"] for s in r} for r in per_rollout]
     assert versions == [{0}, {0}, {1}, {2}, {3}, {4}]
-    assert all(r["train/train_rollout_logprob_abs_diff"] < 5e-3 for r in records if "train/loss" in r)
+    # Only rollout 0 is scored by the weights that sampled it; every later one was sampled one update
+    # earlier than the trainer's weights, so its gap includes a real policy change.
+    train = [r for r in records if "train/loss" in r]
+    assert train[0]["train/train_rollout_logprob_abs_diff"] < 5e-3

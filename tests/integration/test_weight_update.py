@@ -1,7 +1,12 @@
-"""In-place weight updates: after each transport, SGLang's log-probs equal Megatron's for the new weights."""
+"""In-place weight updates into two SGLang servers: after each transport, their log-probs equal Megatron's for the new
+weights; generation is paused (in-flight requests aborted) and continues after; the post-update check catches a
+server that does not hold the trainer's weights."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,23 +15,44 @@ import requests
 import torch
 
 from rollout.sglang_server import SGLangServer, generate
+from slime_like.weights.check import check_servers, served_logprobs
 from slime_like.weights.disk import DiskTransport
 from slime_like.weights.distributed import DistributedTransport
+from slime_like.weights.server_calls import WeightUpdateError, weight_version
+from slime_like.weights.tensor import TensorTransport, serialize_bucket
+from slime_like.weights.updater import WeightUpdater
 
 pytestmark = pytest.mark.integration
 
 SEQUENCE = [287, 285, 224, 20, 21, 295, 224, 22, 23, 24, 34, 290, 29, 224, 22, 24, 26]
 TOLERANCE = 1e-4  # fp32 on both sides; measured ~1e-6
+VERSIONS = itertools.count(1)
+
+
+def start_servers(model: Path, log_dir: Path, count: int) -> list[SGLangServer]:
+    """Start `count` fp32 servers on `model` side by side (they load in parallel)."""
+    servers = [SGLangServer(model, dtype="float32", log_dir=log_dir, startup_timeout=300) for _ in range(count)]
+    try:
+        for server in servers:
+            server.start(wait=False)
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    """A server of our own: these tests change its weights."""
-    srv = SGLangServer(tiny_qwen3, dtype="float32", log_dir=tmp_path_factory.mktemp("logs"))
+def servers(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SGLangServer]]:
+    """Two servers of our own: these tests change their weights."""
+    started = start_servers(tiny_qwen3, tmp_path_factory.mktemp("logs"), 2)
     try:
-        yield srv.start()
+        yield started
     finally:
-        srv.stop()
+        for server in started:
+            server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -40,55 +66,120 @@ def engine(tiny_qwen3: Path):
     return MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False))
 
 
-def served_logprobs(url: str) -> torch.Tensor:
-    """The server's log-prob of every token of SEQUENCE after the first."""
-    meta = generate(url, SEQUENCE, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=0)
-    return torch.tensor([lp for lp, _, _ in meta["meta_info"]["input_token_logprobs"][1:]])
-
-
 def train_one_step(engine) -> None:
     """One cross-entropy step on SEQUENCE: moves every weight."""
     seq = torch.tensor(SEQUENCE)
     engine.train_step([seq], [None], lambda lps, data: -lps[0].mean())
 
 
-def weight_version(url: str) -> str:
-    return requests.get(f"{url}/model_info", timeout=10).json()["weight_version"]
+def make_transport(kind: str, urls: list[str], model: Path, directory: Path, bucket_bytes: int = 64 * 1024):
+    """One transport of each kind; small buckets, so an update spans many of them."""
+    if kind == "distributed":
+        return DistributedTransport(urls, bucket_bytes, timeout_s=60)
+    if kind == "tensor":
+        return TensorTransport(urls, bucket_bytes, timeout_s=60)
+    return DiskTransport(urls, bucket_bytes, str(model), str(directory), timeout_s=60)
 
 
-@pytest.mark.parametrize("kind", ["distributed", "disk"])
-def test_update_moves_server_to_trainer_weights(
-    kind: str, server: SGLangServer, engine, tmp_path: Path, tiny_qwen3: Path
-) -> None:
-    before = served_logprobs(server.url)
-    megatron_before = engine.forward_logprobs([SEQUENCE])[0]
-    assert (before - megatron_before).abs().max() < TOLERANCE
+@pytest.mark.parametrize("kind", ["distributed", "tensor", "disk"])
+def test_update_moves_servers_to_trainer_weights(kind, servers, engine, tmp_path, tiny_qwen3) -> None:
+    urls = [s.url for s in servers]
+    before = served_logprobs(urls[0], SEQUENCE)
+    assert (before - engine.forward_logprobs([SEQUENCE])[0]).abs().max() < TOLERANCE
     train_one_step(engine)
     expected = engine.forward_logprobs([SEQUENCE])[0]
-    # Small buckets: the update must work across many of them.
-    if kind == "distributed":
-        transport = DistributedTransport([server.url], bucket_bytes=64 * 1024)
-    else:
-        transport = DiskTransport([server.url], 64 * 1024, str(tiny_qwen3), str(tmp_path / "weights"))
-    version = 7 if kind == "disk" else 3
+    transport = make_transport(kind, urls, tiny_qwen3, tmp_path / "weights")
+    version = next(VERSIONS)
     try:
-        transport.send(engine.export_hf_weights(), version)
+        transport.update(engine.export_hf_weights(), version)
     finally:
         transport.close()
-    after = served_logprobs(server.url)
-    assert (after - expected).abs().max() < TOLERANCE
-    assert (after - before).abs().max() > 1e-2  # the weights really changed
-    assert weight_version(server.url) == str(version)
+    for url in urls:
+        after = served_logprobs(url, SEQUENCE)
+        assert (after - expected).abs().max() < TOLERANCE, url
+        assert (after - before).abs().max() > 1e-2  # the weights really changed
+        assert weight_version(url) == str(version)
 
 
-def test_distributed_transport_reconnects(server: SGLangServer, engine) -> None:
+def test_update_aborts_in_flight_generation_and_continues(servers, engine, tiny_qwen3, tmp_path) -> None:
+    """A long request running when the update starts is aborted (returns what it has); generation works after."""
+    url = servers[0].url
+    answers: list = []
+    long_request = threading.Thread(
+        target=lambda: answers.append(
+            generate(url, SEQUENCE, {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0}, timeout=300)
+        )
+    )
+    long_request.start()
+    for _ in range(300):  # wait until the server runs it
+        if _running_requests(url):
+            break
+        time.sleep(0.1)
+    assert _running_requests(url) == 1
+    train_one_step(engine)
+    transport = make_transport("tensor", [url], tiny_qwen3, tmp_path)
+    try:
+        transport.update(engine.export_hf_weights(), next(VERSIONS))
+    finally:
+        transport.close()
+    long_request.join(timeout=120)
+    assert answers and answers[0]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(answers[0]["output_ids"]) < 1500
+    after = generate(url, SEQUENCE, {"max_new_tokens": 4, "temperature": 0})
+    assert after["meta_info"]["finish_reason"]["type"] == "length"
+    assert (served_logprobs(url, SEQUENCE) - engine.forward_logprobs([SEQUENCE])[0]).abs().max() < TOLERANCE
+
+
+def _running_requests(url: str) -> int:
+    """Requests the server is running or queueing."""
+    return sum(load["num_reqs"] for load in requests.get(f"{url}/get_load", timeout=10).json())
+
+
+def test_check_passes_after_an_update_and_catches_a_stale_server(servers, engine, tiny_qwen3, tmp_path) -> None:
+    urls = [s.url for s in servers]
+    factories = {"tensor": lambda: make_transport("tensor", urls, tiny_qwen3, tmp_path)}
+    updater = WeightUpdater(factories, "tensor", fallback=None, retries=0)
+    train_one_step(engine)
+    version = next(VERSIONS)
+    assert updater.update(engine.export_hf_weights, version) == "tensor"
+    assert check_servers(engine, urls, 1e-3, rank=0, version=version) < 1e-4
+    train_one_step(engine)  # the servers now hold stale weights
+    with pytest.raises(WeightUpdateError, match=rf"after the update to version {version}, {urls[0]} differs"):
+        check_servers(engine, urls, 1e-3, rank=0, version=version)
+    updater.close()
+
+
+def test_distributed_transport_reconnects(servers, engine) -> None:
     """connect() twice (as after a failure) builds a fresh group; the update still lands."""
-    transport = DistributedTransport([server.url], bucket_bytes=1 << 20)
+    urls = [s.url for s in servers]
+    transport = DistributedTransport(urls, bucket_bytes=1 << 20, timeout_s=60)
     try:
         transport.connect()
         transport.connect()
         train_one_step(engine)
-        transport.send(engine.export_hf_weights(), 11)
+        transport.update(engine.export_hf_weights(), next(VERSIONS))
     finally:
         transport.close()
-    assert (served_logprobs(server.url) - engine.forward_logprobs([SEQUENCE])[0]).abs().max() < TOLERANCE
+    for url in urls:
+        assert (served_logprobs(url, SEQUENCE) - engine.forward_logprobs([SEQUENCE])[0]).abs().max() < TOLERANCE
+
+
+def test_tensor_payload_is_sglang_flattened_bucket() -> None:
+    """SGLang's own unpickler and FlattenedTensorBucket rebuild the tensors of our payload."""
+    import base64
+
+    from sglang.srt.utils.common import SafeUnpickler
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    from slime_like.weights.base import flat_size, flatten_into
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    tensors = [("w", torch.randn(3, 5)), ("b", torch.randn(7, dtype=torch.bfloat16))]
+    buffer = torch.empty(flat_size(tensors, 64), dtype=torch.uint8).share_memory_()
+    payload = serialize_bucket(*flatten_into(tensors, buffer, 64))
+    import io
+
+    data = SafeUnpickler(io.BytesIO(base64.b64decode(payload))).load()
+    bucket = FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=data["metadata"])
+    for (name, tensor), (got_name, got) in zip(tensors, bucket.reconstruct_tensors(), strict=True):
+        assert got_name == name and torch.equal(got, tensor)

@@ -9,11 +9,11 @@ import pytest
 from slime_like.arguments import parse_args
 
 
-def base(tmp_path: Path) -> list[str]:
-    (tmp_path / "config.json").write_text("{}")
+@pytest.fixture
+def base(tiny_qwen3: Path) -> list[str]:
     return [
         "--hf-checkpoint",
-        str(tmp_path),
+        str(tiny_qwen3),
         "--prompt-data",
         "x.jsonl",
         "--rollout-batch-size",
@@ -25,16 +25,16 @@ def base(tmp_path: Path) -> list[str]:
     ]
 
 
-def test_defaults_and_sglang_passthrough(tmp_path: Path) -> None:
-    args = parse_args(base(tmp_path) + ["--sglang-dtype", "float32", "--sglang-disable-radix-cache", "--lr", "1e-5"])
+def test_defaults_and_sglang_passthrough(base: list[str]) -> None:
+    args = parse_args(base + ["--sglang-dtype", "float32", "--sglang-disable-radix-cache", "--lr", "1e-5"])
     assert args.global_batch_size == 8 and args.eps_clip_high == args.eps_clip == 0.2
     assert args.sglang_server_args == ["--dtype", "float32", "--disable-radix-cache"]
     assert args.lr == 1e-5 and args.data_parallel_size == 1
 
 
-def test_unknown_flag_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_flag_is_an_error(base: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parse_args(base(tmp_path) + ["--rollout-batchsize", "3"])
+        parse_args(base + ["--rollout-batchsize", "3"])
     assert "unrecognized arguments: --rollout-batchsize 3" in capsys.readouterr().err
 
 
@@ -48,14 +48,14 @@ def test_unknown_flag_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[
     ],
 )
 def test_contradictions_name_the_flags(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+    base: list[str], capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     with pytest.raises(SystemExit):
-        parse_args(base(tmp_path) + extra)
+        parse_args(base + extra)
     assert message in capsys.readouterr().err
 
 
-def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_checkpoint(base: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parse_args(base(tmp_path) + ["--hf-checkpoint", str(tmp_path / "nope")])
+        parse_args(base + ["--hf-checkpoint", str(tmp_path / "nope")])
     assert "no config.json" in capsys.readouterr().err

@@ -104,3 +104,21 @@ def test_parquet(tmp_path: Path) -> None:
     pq.write_table(pa.table({"question": ["a", "b"], "label": ["1", "2"]}), tmp_path / "d.parquet")
     ds = PromptDataset(tmp_path / "d.parquet", input_key="question")
     assert [(p.prompt, p.label) for p in ds.prompts] == [("a", "1"), ("b", "2")]
+
+
+def test_reasoning_gym_source_example_serves_and_resumes() -> None:
+    from argparse import Namespace
+
+    from plugins.data_sources import TASKS, ReasoningGymSource
+
+    args = Namespace(n_samples_per_prompt=2, rollout_seed=7)
+    a = ReasoningGymSource(args, tokenizer=None)
+    first = a.get_groups(3)
+    assert [[s.index for s in g] for g in first] == [[0, 1], [2, 3], [4, 5]]
+    assert [g[0].metadata["source_dataset"] for g in first] == [TASKS[0], TASKS[1], TASKS[0]]
+    assert first[0][0].prompt == first[0][1].prompt and first[0][0].label is not None
+    state = json.loads(json.dumps(a.state_dict()))
+    expected = [(g[0].prompt, g[0].label) for g in a.get_groups(2)]
+    b = ReasoningGymSource(args, tokenizer=None)
+    b.load_state_dict(state)
+    assert [(g[0].prompt, g[0].label) for g in b.get_groups(2)] == expected

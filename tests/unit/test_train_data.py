@@ -1,25 +1,11 @@
-"""Group reward normalisation and the DP split, against hand-computed numbers."""
+"""Conversion of finished groups into training columns."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from buffer.train_data import build_train_data, normalize_group_rewards
+from buffer.train_data import build_train_data
 from slime_like.sample import Sample, Status
-
-
-def test_grpo_normalisation_hand_computed() -> None:
-    # rewards [1, 0, 0, 1]: mean 0.5, population std sqrt(((.5)^2*4)/4) = 0.5 -> +-1.
-    assert normalize_group_rewards([1, 0, 0, 1], eps=0) == [1.0, -1.0, -1.0, 1.0]
-    # rewards [3, 0, 0]: mean 1, deviations [2, -1, -1], std sqrt(6/3) = sqrt(2).
-    got = normalize_group_rewards([3, 0, 0], eps=0)
-    assert got == pytest.approx([2 / math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)])
-    # Dr.GRPO: no std division.
-    assert normalize_group_rewards([3, 0, 0], use_std=False) == [2.0, -1.0, -1.0]
-    # Zero variance: all zero, no division by zero.
-    assert normalize_group_rewards([1, 1, 1]) == [0.0, 0.0, 0.0]
 
 
 def _sample(index: int, reward: float, n_resp: int, status: Status = Status.COMPLETED) -> Sample:
@@ -33,18 +19,34 @@ def _sample(index: int, reward: float, n_resp: int, status: Status = Status.COMP
     )
 
 
-def test_build_train_data_leaves_failed_samples_out_of_stats_and_training() -> None:
+def test_build_train_data_leaves_failed_samples_out() -> None:
     group = [_sample(0, 1.0, 2), _sample(1, 0.0, 3, Status.FAILED), _sample(2, 0.0, 4), _sample(3, 0.0, 1)]
-    data = build_train_data([group])
-    # The failed sample's reward is unknown: group stats over rewards [1, 0, 0] only.
-    assert data.sample_indices == [0, 2, 3]
-    # mean 1/3, deviations [2/3, -1/3, -1/3], population std sqrt((4/9 + 1/9 + 1/9) / 3) = sqrt(2)/3.
-    std = 2**0.5 / 3
-    assert data.rewards == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)])
-    assert data.loss_masks == [[1, 1], [1, 1, 1, 1], [1]]
-    assert data.raw_rewards == [1.0, 0.0, 0.0]
+    other = [_sample(4, 0.5, 2), _sample(5, 0.0, 1, Status.ABORTED)]
+    data = build_train_data([group, other])
+    # The failed and aborted samples' rewards are unknown: they are neither trained on nor in group stats.
+    assert data.sample_indices == [0, 2, 3, 4]
+    assert data.group_ids == [0, 0, 0, 1]
+    assert data.raw_rewards == [1.0, 0.0, 0.0, 0.5]
+    assert data.loss_masks == [[1, 1], [1, 1, 1, 1], [1], [1, 1]]
+    assert data.rollout_log_probs[0] == [-0.5, -0.5]
     # A group with nothing usable contributes nothing.
-    assert len(build_train_data([[_sample(4, 0.0, 2, Status.FAILED)]])) == 0
+    assert len(build_train_data([[_sample(6, 0.0, 2, Status.FAILED)]])) == 0
+
+
+def test_missing_rollout_log_probs_stay_missing() -> None:
+    s = _sample(0, 1.0, 2)
+    s.rollout_log_probs = None
+    assert build_train_data([[s]]).rollout_log_probs == [None]
+    s.rollout_log_probs = [-1.0]
+    with pytest.raises(ValueError, match="1 rollout log-probs for 2 response tokens"):
+        build_train_data([[s]])
+
+
+def test_loss_mask_length_is_checked() -> None:
+    s = _sample(0, 1.0, 2)
+    s.loss_mask = [1, 0, 1]
+    with pytest.raises(ValueError, match="loss_mask has 3 entries"):
+        build_train_data([[s]])
 
 
 def test_dict_reward_needs_key() -> None:
@@ -52,4 +54,4 @@ def test_dict_reward_needs_key() -> None:
     s.reward = {"acc": 1.0}
     with pytest.raises(ValueError, match="--reward-key"):
         build_train_data([[s]])
-    assert build_train_data([[s]], normalize=False, reward_key="acc").rewards == [1.0]
+    assert build_train_data([[s]], reward_key="acc").raw_rewards == [1.0]

@@ -1,0 +1,1 @@
+"""Tools for the tool-calling agent example (plugins/tool_agent.py): `async (arguments: dict) -> str`."""

@@ -1,0 +1,30 @@
+"""What generate functions and rollout plugins are handed: arguments, tokenizer, HTTP session, hooks, counters."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass
+class RolloutContext:
+    """One rollout's (or eval's) shared state; plugins read it and count events with `count`."""
+
+    args: Any
+    tokenizer: Any
+    router_url: str
+    session: aiohttp.ClientSession
+    semaphore: asyncio.Semaphore  # bounds in-flight /generate requests (--sglang-server-concurrency x servers)
+    counters: dict[str, int] = field(default_factory=dict)
+    server_urls: list[str] = field(default_factory=list)  # each SGLang server, for aborts
+    hooks: Any = None  # rollout.hooks.RolloutHooks: the configured generate and reward functions
+    # Set while a rollout aborts what still runs: generate functions send no new request and stop.
+    aborting: bool = False
+    inflight: set[str] = field(default_factory=set)  # rids of requests sent and not yet answered
+
+    def count(self, key: str, n: int = 1) -> None:
+        """Add to a named counter reported in the rollout metrics as `rollout/<key>`."""
+        self.counters[key] = self.counters.get(key, 0) + n

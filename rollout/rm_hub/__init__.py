@@ -1,0 +1,1 @@
+"""Built-in reward scorers selected by --rm-type (rollout/rewards.py holds the registry)."""

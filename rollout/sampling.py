@@ -1,0 +1,104 @@
+"""One rollout with over-sampling and dynamic sampling; what is left at the end is aborted and returned to the buffer.
+
+Groups are started `--over-sampling-batch-size` at a time while kept + running groups are fewer than
+`--rollout-batch-size`; each finished group passes the dynamic filter or is dropped (counted by reason). Once
+enough groups are kept, requests still running are aborted on every server; those groups (and finished ones
+beyond the batch) go back to the buffer: as they are with `--partial-rollout`, else reset to their prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from buffer.buffer import Buffer
+from rollout.abort import abort_and_drain
+from rollout.context import RolloutContext
+from rollout.filters import apply_dynamic_filter
+from rollout.group import run_group
+from slime_like.sample import Sample, Status
+
+logger = logging.getLogger(__name__)
+
+# A filter that drops (almost) everything would loop forever over the data: stop with an error instead.
+MAX_DROPPED_PER_KEPT = 50
+
+
+def reset_sample(sample: Sample, metadata: dict[str, Any]) -> None:
+    """Back to an ungenerated sample of the same prompt (same index)."""
+    sample.tokens, sample.response, sample.response_length = [], "", 0
+    sample.reward, sample.loss_mask, sample.rollout_log_probs = None, None, None
+    sample.status, sample.weight_version, sample.metadata = Status.PENDING, None, dict(metadata)
+
+
+def return_to_buffer(ctx: RolloutContext, buffer: Buffer, groups: list[list[Sample]], origin: dict[int, Any]) -> None:
+    """Hand unused groups back: partially generated ones continue later (--partial-rollout), others restart."""
+    args = ctx.args
+    for group in groups:
+        for sample in group:
+            if not args.partial_rollout:
+                reset_sample(sample, origin[id(sample)])
+                continue
+            sample.metadata["partial_rollouts"] = sample.metadata.get("partial_rollouts", 0) + 1
+            if sample.status == Status.ABORTED:
+                ctx.count("samples_partial")
+            if args.mask_offpolicy_in_partial_rollout and sample.response_length:
+                # These tokens came from weights older than those that will continue the sample.
+                sample.loss_mask = [0] * sample.response_length
+    buffer.add_groups(groups)
+    ctx.count("groups_returned", len(groups))
+
+
+async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str, Any]) -> list[list[Sample]]:
+    """Exactly `--rollout-batch-size` groups that passed the dynamic filter, ordered by group index."""
+    args, hooks = ctx.args, ctx.hooks
+    target, batch = args.rollout_batch_size, args.over_sampling_batch_size
+    kept: list[list[Sample]] = []
+    unused: list[list[Sample]] = []
+    running: dict[asyncio.Task[bool], list[Sample]] = {}
+    origin: dict[int, dict[str, Any]] = {}  # metadata as served, to reset a sample returned without its tokens
+    dropped = 0
+    try:
+        while len(kept) < target:
+            while len(kept) + len(running) < target:
+                groups = buffer.get_groups(batch)
+                ctx.count("groups_started", len(groups))
+                for group in groups:
+                    origin.update({id(s): dict(s.metadata) for s in group})
+                    running[asyncio.create_task(run_group(ctx, group, params))] = group
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = running.pop(task)
+                finished = task.result()
+                if not finished or len(kept) >= target:
+                    unused.append(group)
+                    ctx.count("groups_surplus" if finished else "groups_aborted")
+                    continue
+                ctx.count("groups_generated")
+                verdict = apply_dynamic_filter(hooks.dynamic_filter, args, group)
+                if verdict.keep:
+                    kept.append(group)
+                    continue
+                dropped += 1
+                ctx.count("groups_dropped")
+                ctx.count(f"groups_dropped_{verdict.reason or 'filtered'}")
+                if dropped > MAX_DROPPED_PER_KEPT * target:
+                    raise RuntimeError(
+                        f"dynamic sampling dropped {dropped} groups and kept {len(kept)} of {target}: "
+                        f"check --dynamic-sampling-filter-path (last reason: {verdict.reason})"
+                    )
+    finally:
+        # On success and on error alike: nothing of this rollout may keep running on the servers.
+        if running:
+            await abort_and_drain(ctx, list(running))
+            for task, group in running.items():
+                if task.cancelled() or task.exception() is not None or not task.result():
+                    ctx.count("groups_aborted")
+                else:
+                    ctx.count("groups_surplus")
+                unused.append(group)
+        if unused:
+            return_to_buffer(ctx, buffer, unused, origin)
+    ctx.count("groups_kept", len(kept))
+    return sorted(kept, key=lambda g: (g[0].group_index is None, g[0].group_index or 0))

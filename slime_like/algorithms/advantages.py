@@ -1,0 +1,99 @@
+"""Advantage estimators by name (--advantage-estimator), and the custom-advantage hook's contract.
+
+- grpo, gspo, cispo: the group-normalised reward on every token (grpo.py; Dr.GRPO without std).
+- rloo: reward minus the leave-one-out mean of its group (rloo.py).
+- reinforce_plus_plus(_baseline): KL-shaped token returns, whitened over the batch (reinforce_pp.py).
+- ppo: GAE on KL-shaped token rewards with the critic's values; returns are the critic's targets (ppo.py).
+With --normalize-advantages the result is also whitened over all loss-masked tokens of the rollout
+(REINFORCE++ always is). Rewards arrive with DAPO's overlong penalty already added.
+
+A custom estimator (--custom-advantage-function-path pkg.module.fn) has the signature
+    fn(args: argparse.Namespace, inputs: AdvantageInputs) -> list[torch.Tensor] | Advantages
+returning one float tensor of response length per sample (advantage 0 where the loss mask is 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from slime_like.algorithms.grpo import grpo_advantages
+from slime_like.algorithms.kl import kl_estimate
+from slime_like.algorithms.names import ESTIMATORS
+from slime_like.algorithms.ppo import gae
+from slime_like.algorithms.reinforce_pp import reinforce_pp_advantages
+from slime_like.algorithms.returns import masked_whiten, shaped_token_rewards
+from slime_like.algorithms.rloo import rloo_advantages
+
+
+@dataclass
+class AdvantageInputs:
+    """What an estimator may read, one entry per sample; tensors cover the response tokens."""
+
+    rewards: list[float]  # task reward plus the overlong penalty
+    group_ids: list[int]  # samples of the same prompt share a group id
+    loss_masks: list[torch.Tensor]  # 1.0 on tokens the policy produced and is trained on
+    log_probs: list[torch.Tensor]  # the old policy's (Megatron, before this rollout's updates)
+    ref_log_probs: list[torch.Tensor] | None = None  # the reference snapshot's, when a KL term is on
+    rollout_log_probs: list[torch.Tensor | None] | None = None  # SGLang's, where the sample has them
+    values: list[torch.Tensor] | None = None  # the critic's (ppo)
+
+
+@dataclass
+class Advantages:
+    """Per-sample token advantages, and the critic's regression targets for ppo."""
+
+    advantages: list[torch.Tensor]
+    returns: list[torch.Tensor] | None = None
+
+
+def _broadcast(scalars: list[float], masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.full_like(m, a) * m for a, m in zip(scalars, masks, strict=True)]
+
+
+def _kls(inputs: AdvantageInputs, kl_coef: float) -> list[torch.Tensor] | None:
+    """k1 = log pi_old - log pi_ref per token, when --kl-coef shapes the rewards."""
+    if not kl_coef:
+        return None
+    if inputs.ref_log_probs is None:
+        raise ValueError("--kl-coef needs the reference log-probs")
+    return [kl_estimate(lp, ref, "k1") for lp, ref in zip(inputs.log_probs, inputs.ref_log_probs, strict=True)]
+
+
+def compute_advantages(args: Any, inputs: AdvantageInputs, custom: Callable[..., Any] | None = None) -> Advantages:
+    """Advantages (and ppo returns) of one rollout for --advantage-estimator, or the custom hook's."""
+    masks = inputs.loss_masks
+    if custom is not None:
+        out = custom(args, inputs)
+        result = out if isinstance(out, Advantages) else Advantages(list(out))
+    else:
+        result = _builtin(args, inputs)
+    if args.normalize_advantages and not args.advantage_estimator.startswith("reinforce_plus_plus"):
+        result.advantages = masked_whiten(result.advantages, masks)
+    return result
+
+
+def _builtin(args: Any, inputs: AdvantageInputs) -> Advantages:
+    name, masks, rewards = args.advantage_estimator, inputs.loss_masks, inputs.rewards
+    if name in ("grpo", "gspo", "cispo"):
+        use_std = not args.disable_grpo_std_normalization
+        return Advantages(_broadcast(grpo_advantages(rewards, inputs.group_ids, use_std), masks))
+    if name == "rloo":
+        return Advantages(_broadcast(rloo_advantages(rewards, inputs.group_ids), masks))
+    kls = _kls(inputs, args.kl_coef)
+    if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        groups = inputs.group_ids if name == "reinforce_plus_plus_baseline" else None
+        advantages, returns = reinforce_pp_advantages(rewards, masks, kls, args.kl_coef, args.gamma, groups)
+        return Advantages(advantages, returns)
+    if name == "ppo":
+        if inputs.values is None:
+            raise ValueError("--advantage-estimator ppo needs the critic's values")
+        pairs = [
+            gae(shaped_token_rewards(r, m, None if kls is None else kls[i], args.kl_coef), v, m, args.gamma, args.lambd)
+            for i, (r, m, v) in enumerate(zip(rewards, masks, inputs.values, strict=True))
+        ]
+        return Advantages([a for a, _ in pairs], [r for _, r in pairs])
+    raise ValueError(f"--advantage-estimator {name!r}: choose one of {ESTIMATORS}")

@@ -1,0 +1,132 @@
+"""The engine's loss functions: policy (PPO / GSPO / CISPO with KL, entropy, IS weights), value, SFT, custom.
+
+Each returns its micro-batch's share of the step's objective, sum_it c_it * l_it over the
+micro-batch's samples, with c the aggregation coefficients ("token_weight", already times the loss
+mask) that the trainer computed on the whole step (aggregation.py). Metrics are shares as well,
+weighted by "metric_weight" (token-mean), so the engine's sums over micro-batches and DP ranks are
+the step's token means. Rows (one dict per sample) carry response_length, loss_mask, token_weight,
+metric_weight, old_log_probs, advantages and, when used, is_weight and ref_log_probs; a critic's
+rows carry old_values and returns.
+
+Per token, the policy loss is  l = w * pg + kl_loss_coef * KL(pi || pi_ref) - entropy_coef * H
+with pg the objective of --advantage-estimator (ppo_clip_loss, gspo_loss or cispo_loss), w the
+off-policy weight (off_policy.py; 1 without a correction) and KL by --kl-loss-type (kl.py).
+
+A custom loss (--loss-type custom_loss --custom-loss-function-path pkg.module.fn) has the signature
+    fn(args, log_probs: list[Tensor], entropy: list[Tensor], rows: list[dict])
+        -> list[Tensor] | tuple[list[Tensor], dict[str, list[Tensor]]]
+log_probs and entropy cover each sample's response tokens and carry gradients; it returns per-token
+losses (masked and aggregated by the engine as above) and optionally per-token metrics, logged as
+token means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from slime_like.algorithms.cispo import cispo_loss
+from slime_like.algorithms.gspo import gspo_loss
+from slime_like.algorithms.kl import kl_estimate
+from slime_like.algorithms.policy_loss import PolicyLossOutput, ppo_clip_loss
+from slime_like.algorithms.ppo import value_loss
+from slime_like.algorithms.sft import sft_token_loss
+
+Rows = list[dict[str, Any]]
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+def _share(x: torch.Tensor, weight: torch.Tensor) -> float:
+    return float((x.detach() * weight).sum())
+
+
+def policy_objective(args: Any, log_probs: torch.Tensor, row: dict[str, Any]) -> PolicyLossOutput:
+    """Per-token policy-gradient loss of one sample for --advantage-estimator."""
+    old, adv = row["old_log_probs"], row["advantages"]
+    if args.advantage_estimator == "gspo":
+        return gspo_loss(log_probs, old, adv, row["loss_mask"], args.eps_clip, args.eps_clip_high, args.eps_clip_c)
+    if args.advantage_estimator == "cispo":
+        return cispo_loss(log_probs, old, adv, args.eps_clip, args.eps_clip_high)
+    return ppo_clip_loss(log_probs, old, adv, args.eps_clip, args.eps_clip_high, args.eps_clip_c)
+
+
+def policy_loss_fn(args: Any) -> LossFn:
+    """Loss function of a policy step: clipped objective, IS weights, KL loss and entropy bonus."""
+
+    def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor]):
+        total = log_probs[0].new_zeros(())
+        stats = dict.fromkeys(
+            ("pg_loss", "pg_clipfrac", "pg_dual_clipfrac", "ppo_kl", "ppo_ratio_abs_dev", "entropy", "kl_loss"), 0.0
+        )
+        for lp, ent, row in zip(log_probs, entropy, rows, strict=True):
+            n = row["response_length"]
+            lp, ent, mw = lp[-n:], ent[-n:], row["metric_weight"]
+            out = policy_objective(args, lp, row)
+            pg = out.loss * row["is_weight"] if "is_weight" in row else out.loss
+            per_token = pg - args.entropy_coef * ent
+            if args.use_kl_loss:
+                kl = kl_estimate(lp, row["ref_log_probs"], args.kl_loss_type)
+                per_token = per_token + args.kl_loss_coef * kl
+                stats["kl_loss"] += _share(kl, mw)
+            total = total + (per_token * row["token_weight"]).sum()
+            stats["pg_loss"] += _share(pg, mw)
+            stats["pg_clipfrac"] += _share(out.clipped, mw)
+            stats["pg_dual_clipfrac"] += _share(out.dual_clipped, mw)
+            stats["ppo_kl"] += _share(row["old_log_probs"] - lp, mw)
+            stats["ppo_ratio_abs_dev"] += _share((out.ratio - 1).abs(), mw)
+            stats["entropy"] += _share(ent, mw)
+        return total, stats
+
+    return loss_fn
+
+
+def custom_loss_fn(args: Any, fn: Callable[..., Any]) -> LossFn:
+    """Loss function around a user's per-token loss (--custom-loss-function-path)."""
+
+    def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor]):
+        resp = [lp[-r["response_length"] :] for lp, r in zip(log_probs, rows, strict=True)]
+        ents = [e[-r["response_length"] :] for e, r in zip(entropy, rows, strict=True)]
+        out = fn(args, resp, ents, rows)
+        losses, extra = out if isinstance(out, tuple) else (out, {})
+        total = sum((loss * r["token_weight"]).sum() for loss, r in zip(losses, rows, strict=True))
+        stats = {
+            k: sum(_share(v, r["metric_weight"]) for v, r in zip(vs, rows, strict=True)) for k, vs in extra.items()
+        }
+        return total, stats
+
+    return loss_fn
+
+
+def sft_loss_fn() -> LossFn:
+    """Loss function of an SFT step: negative log-likelihood of the loss-masked tokens."""
+
+    def loss_fn(log_probs: list[torch.Tensor], rows: Rows):
+        total = log_probs[0].new_zeros(())
+        nll = 0.0
+        for lp, row in zip(log_probs, rows, strict=True):
+            per_token = sft_token_loss(lp[-row["response_length"] :])
+            total = total + (per_token * row["token_weight"]).sum()
+            nll += _share(per_token, row["metric_weight"])
+        return total, {"sft_nll": nll}
+
+    return loss_fn
+
+
+def value_loss_fn(args: Any) -> LossFn:
+    """Loss function of a critic step: clipped value regression on the GAE returns (token-mean)."""
+
+    def loss_fn(values: list[torch.Tensor], rows: Rows):
+        total = values[0].new_zeros(())
+        stats = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
+        for v, row in zip(values, rows, strict=True):
+            v = v[-row["response_length"] :]
+            loss, clipped = value_loss(v, row["old_values"], row["returns"], args.value_clip)
+            total = total + (loss * row["metric_weight"]).sum()
+            stats["value_loss"] += _share(loss, row["metric_weight"])
+            stats["value_clipfrac"] += _share(clipped, row["metric_weight"])
+            stats["values"] += _share(v, row["metric_weight"])
+        return total, stats
+
+    return loss_fn

@@ -1,0 +1,102 @@
+"""From-tensor transport (colocated servers): weights are shared through memory, HTTP carries only handles.
+
+Each bucket is copied into a shared buffer and serialised with torch's multiprocessing pickler as SGLang's
+"flattened_bucket" (one flat uint8 tensor plus each tensor's name, dtype, shape and place); SGLang's
+/update_weights_from_tensor maps the buffer and loads from it. On GPU the handle is a CUDA IPC handle; on
+CPU it names a shared-memory file, which needs torch's "file_system" sharing strategy in this process
+(with the default strategy the server's scheduler dies with an AuthenticationError). Two buffers
+alternate, so the next bucket is filled while the servers load the previous one.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import types
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+import torch.multiprocessing  # noqa: F401 - registers the tensor reducers with ForkingPickler
+
+from slime_like.weights.base import NamedTensors, WeightTransport, buckets, flat_size, flatten_into
+from slime_like.weights.server_calls import post
+
+_ALIGN = 64  # every tensor starts on a cache line in the shared buffer
+
+
+def _prepare_sharing() -> None:
+    """Set up this process to hand tensors to another one (once; both calls are idempotent)."""
+    if torch.cuda.is_available():
+        # SGLang's reductions name the device by UUID, so the server opens the handle on the right GPU.
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        monkey_patch_torch_reductions()
+    else:
+        torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+def serialize_bucket(flat: torch.Tensor, metadata: list[dict]) -> str:
+    """SGLang's flattened-bucket payload for one server TP rank: base64 of the pickled handles."""
+    # SimpleNamespace: SGLang reads the metadata by attribute and its safe unpickler admits `types`,
+    # so the trainer need not import sglang (10 s) for FlattenedTensorMetadata.
+    data = {"flattened_tensor": flat, "metadata": [types.SimpleNamespace(**m) for m in metadata]}
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(data)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class TensorTransport(WeightTransport):
+    """/update_weights_from_tensor with shared-memory (CPU) or CUDA IPC (GPU) handles, double-buffered."""
+
+    name = "tensor"
+
+    def __init__(self, server_urls: list[str], bucket_bytes: int, *, tp_per_server: int = 1, timeout_s: float = 300.0):
+        super().__init__(server_urls, bucket_bytes, timeout_s)
+        self.tp_per_server = tp_per_server
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        self._buffers: list[torch.Tensor] = []
+        _prepare_sharing()
+
+    def _new_buffer(self, nbytes: int) -> torch.Tensor:
+        if self.device is not None:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # shared once, reused every update
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        """The slot's reusable buffer, or a one-off one for a bucket larger than --update-weight-buffer-size."""
+        if nbytes > self.bucket_bytes + _ALIGN * 1024:
+            return self._new_buffer(nbytes)
+        while len(self._buffers) <= slot:
+            self._buffers.append(self._new_buffer(self.bucket_bytes + _ALIGN * 1024))
+        return self._buffers[slot]
+
+    def send(self, named_tensors: NamedTensors, version: int) -> None:
+        """Per bucket: fill a shared buffer, POST its handles to every server; two buckets in flight."""
+        in_flight: list[tuple[list[Future], torch.Tensor | None]] = [([], None), ([], None)]
+        with ThreadPoolExecutor(max_workers=2 * len(self.server_urls)) as pool:
+            for i, bucket in enumerate(buckets(named_tensors, self.bucket_bytes)):
+                slot = i % 2
+                for answer in in_flight[slot][0]:  # the servers are done reading this buffer
+                    answer.result()
+                buffer = self._buffer(slot, flat_size(bucket, _ALIGN))
+                flat, metadata = flatten_into(bucket, buffer, _ALIGN)
+                if self.device is not None:
+                    torch.cuda.current_stream().synchronize()  # the copies land before a server reads
+                payload = {
+                    "serialized_named_tensors": [serialize_bucket(flat, metadata)] * self.tp_per_server,
+                    "load_format": "flattened_bucket",
+                    "flush_cache": False,
+                }
+                answers = [
+                    pool.submit(post, url, "/update_weights_from_tensor", payload, self.timeout_s)
+                    for url in self.server_urls
+                ]
+                in_flight[slot] = (answers, buffer)  # keeps a one-off buffer alive until answered
+            for answers, _ in in_flight:
+                for answer in answers:
+                    answer.result()
+
+    def close(self) -> None:
+        """Free the shared buffers."""
+        self._buffers.clear()

@@ -1,0 +1,125 @@
+"""The family registry: Llama 3, Qwen3-MoE and DeepSeek-V3 (MLA + MoE) built on CPU match transformers and export
+back bit-exactly; name templates and tensor layouts in isolation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from slime_like.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
+from slime_like.megatron.families import FAMILIES, family_of, template
+from tests.megatron.tiny_families import make_deepseek_v3, make_llama3
+
+MODELS = ["tiny_qwen3_moe", "tiny_llama3", "tiny_deepseek_v3"]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_llama3(tmp_path_factory.mktemp("tiny-llama3"), tiny_qwen3)
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek_v3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_deepseek_v3(tmp_path_factory.mktemp("tiny-deepseek-v3"), tiny_qwen3)
+
+
+def safetensors_of(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """The tensors as stored (transformers 5 fuses MoE experts in its state_dict, not on disk)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(hf_dir).glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
+def _megatron_model(hf_dir: Path):
+    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+
+    bridge = make_bridge(hf_dir, torch.float32)
+    model = build_model(bridge, wrap_with_ddp=False)
+    load_hf_weights(bridge, model, hf_dir)
+    return bridge, model
+
+
+@pytest.mark.parametrize("fixture", MODELS)
+def test_logits_match_transformers(fixture: str, request: pytest.FixtureRequest, megatron_world) -> None:
+    import transformers
+
+    hf_dir = request.getfixturevalue(fixture)
+    _, model = _megatron_model(hf_dir)
+    tokens = torch.randint(0, 512, (2, 23), generator=torch.Generator().manual_seed(1))
+    mask = ~torch.ones(23, 23, dtype=torch.bool).tril()[None, None].expand(2, 1, 23, 23)
+    # Far positions: Llama 3's rope scaling changes the low frequencies, visible there (2e-5 without it).
+    positions = torch.arange(23)[None].expand(2, 23) + 1800
+    with torch.no_grad():
+        logits = model[0].eval()(tokens, positions, mask)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        expected = hf(tokens, position_ids=positions).logits
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fixture", MODELS)
+def test_export_is_bit_exact(fixture: str, request: pytest.FixtureRequest, megatron_world) -> None:
+    from slime_like.megatron.model import export_hf_weights
+
+    hf_dir = request.getfixturevalue(fixture)
+    bridge, model = _megatron_model(hf_dir)
+    exported = dict(export_hf_weights(bridge, model))
+    expected = safetensors_of(hf_dir)
+    assert sorted(exported) == sorted(expected)
+    for name, tensor in exported.items():
+        assert tensor.dtype == expected[name].dtype and torch.equal(tensor, expected[name]), name
+
+
+def test_templates_cover_local_and_transformer_engine_names() -> None:
+    experts = "decoder.layers.{layer}.mlp.experts.local_experts.{expert}.linear_fc1.weight"
+    assert template("decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight") == (experts, 3, 5)
+    assert template("decoder.layers.3.mlp.experts.linear_fc1.weight5") == (experts, 3, 5)
+    assert template("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight") == (
+        "decoder.layers.{layer}.input_layernorm.weight",
+        0,
+        None,
+    )
+    assert template("embedding.word_embeddings.weight") == ("embedding.word_embeddings.weight", None, None)
+    # Every family maps both norms of a layer, whatever spec built it.
+    for family in FAMILIES.values():
+        assert "decoder.layers.{layer}.input_layernorm.weight" in family.rules
+        assert "decoder.layers.{layer}.pre_mlp_layernorm.weight" in family.rules
+
+
+def test_unknown_family_is_refused_by_name() -> None:
+    class Config:
+        model_type = "gpt_neox"
+
+    with pytest.raises(ValueError, match="model_type 'gpt_neox' is not supported; registered families"):
+        family_of(Config())
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fused_layouts_shard_and_unshard_exactly(tp: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    attn = AttentionShape(num_heads=8, num_query_groups=4, head_dim=3)
+    q, k, v = torch.randn(24, 5, generator=g), torch.randn(12, 5, generator=g), torch.randn(12, 5, generator=g)
+    qkv = to_megatron("qkv", [q, k, v], attn)
+    # Megatron's layout: per query group, its 2 query heads, then its key, then its value.
+    assert torch.equal(qkv[:12], torch.cat([q[:6], k[:3], v[:3]]))
+    for got, want in zip(to_hf("qkv", qkv, attn), (q, k, v), strict=True):
+        assert torch.equal(got, want)
+    gate, up = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    fc1 = to_megatron("gate_up", [gate, up], None)
+    shards = [shard("gate_up", fc1, 0, tp, r) for r in range(tp)]
+    # Each TP rank holds its part of the gate followed by its part of the up projection.
+    assert torch.equal(shards[1], torch.cat([gate.chunk(tp)[1], up.chunk(tp)[1]]))
+    assert torch.equal(unshard("gate_up", shards, 0), fc1)
+    qkv_shards = [shard("qkv", qkv, 0, tp, r) for r in range(tp)]
+    assert torch.equal(unshard("qkv", qkv_shards, 0), qkv)
+
+
+def test_vocab_padding_is_added_and_removed() -> None:
+    embedding = torch.randn(10, 4)
+    padded = to_megatron("vocab", [embedding], None, rows=16)
+    assert padded.shape == (16, 4) and not padded[10:].any()
+    assert torch.equal(to_hf("vocab", padded, None, hf_rows=10)[0], embedding)

@@ -1,0 +1,261 @@
+"""Reward hub: boxed extraction, DAPO/DeepScaleR/F1 scorers, math-verify and reasoning-gym in killable workers,
+failure accounting of RewardFunction, and the remote reward model against a local HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from argparse import Namespace
+from collections import Counter
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from rollout.rewards import RewardFunction, get_reward_function
+from rollout.rm_hub import gym, math_verify_rm
+from rollout.rm_hub.boxed import dapo_reward, deepscaler_reward, last_boxed
+from rollout.rm_hub.f1 import f1_reward
+from rollout.rm_hub.remote import RemoteRewardModel
+from rollout.worker_pool import WorkerError, WorkerPool
+from slime_like.sample import Sample, Status
+
+
+def sample(response: str, label: Any = "1", index: int = 0, **kw: Any) -> Sample:
+    return Sample(prompt="q", response=response, label=label, index=index, status=Status.COMPLETED, **kw)
+
+
+def rm_args(**kw: Any) -> Namespace:
+    base = dict(
+        custom_rm_path=None, group_rm=False, rm_type="math", rm_timeout=5.0, rm_retries=2, rm_num_workers=1,
+        rm_url=None, reward_key=None,
+    )  # fmt: skip
+    return Namespace(**{**base, **kw})
+
+
+class Counts:
+    """The `count` callback a RolloutContext gives, as a Counter."""
+
+    def __init__(self) -> None:
+        self.c: Counter[str] = Counter()
+
+    def __call__(self, key: str, n: int = 1) -> None:
+        self.c[key] += n
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{\\frac{1}{2}} and", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{{2}+3}", "{2}+3"),
+        ("$\\boxed 7$", "7"),
+        ("\\fbox{x}", "x"),
+        ("\\boxed{cut", None),
+        ("no box", None),
+    ],
+)
+def test_last_boxed(text: str, expected: str | None) -> None:
+    assert last_boxed(text) == expected
+
+
+def test_dapo_is_strict_and_signed() -> None:
+    assert dapo_reward("work... \\boxed{42}", "42") == 1.0
+    assert dapo_reward("\\boxed{41}", "42") == -1.0
+    assert dapo_reward("The answer is 42", "42") == -1.0  # no box: wrong under strict boxing
+    assert dapo_reward("\\boxed{42}" + " filler" * 60, "42") == -1.0  # only the last 300 characters count
+    assert dapo_reward("\\boxed{1,000 dollars}", "1000") == 1.0  # Minerva normalisation
+
+
+def test_deepscaler_normalises_and_reads_after_think() -> None:
+    assert deepscaler_reward("<think>\\boxed{1}</think> so \\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}") == 1.0
+    assert deepscaler_reward("<think>\\boxed{3}</think> no box", "3") == 0.0
+    assert deepscaler_reward("\\boxed{x = 3.0}", "3") == 1.0
+    assert deepscaler_reward("\\boxed{4}", ["3", "4"]) == 1.0
+    assert deepscaler_reward("\\boxed{5}", "3") == 0.0
+
+
+def test_f1_on_short_answers() -> None:
+    assert f1_reward("<answer>The Eiffel Tower!</answer>", "eiffel tower") == 1.0
+    assert f1_reward("Answer: Paris France", "Paris") == pytest.approx(2 / 3)
+    assert f1_reward("\\boxed{blue}", ["red", "blue"]) == 1.0
+    assert f1_reward("nothing", "something") == 0.0
+
+
+def test_math_verify_in_worker_with_boxed_priority() -> None:
+    pool = WorkerPool(1, timeout=60)
+    try:
+
+        async def score(response: str, label: Any) -> float:
+            return await pool.run(math_verify_rm.TARGET, response, label)
+
+        assert asyncio.run(score("We get 1/2 in the end: \\boxed{\\frac{1}{2}}", "0.5")) == 1.0
+        # The boxed answer wins over other numbers in the text.
+        assert asyncio.run(score("Not 0.5 but \\boxed{\\frac{1}{3}}", "0.5")) == 0.0
+        assert asyncio.run(score("no answer here", "2")) == 0.0
+    finally:
+        pool.close()
+
+
+def test_worker_timeout_kills_and_replaces_the_worker() -> None:
+    pool = WorkerPool(1, timeout=0.5)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            asyncio.run(pool.run("time:sleep", 30))  # stands in for a sympy call that never returns
+        assert time.monotonic() - start < 10
+        assert pool.restarts == 1
+        pool.timeout = 30
+        assert asyncio.run(pool.run("math:gcd", 12, 18)) == 6  # a fresh worker answers
+        with pytest.raises(WorkerError, match="ZeroDivisionError"):
+            asyncio.run(pool.run("operator:truediv", 1, 0))
+        assert pool.restarts == 1  # a raising function does not cost the worker
+    finally:
+        pool.close()
+
+
+def test_reasoning_gym_scorer_in_worker() -> None:
+    import reasoning_gym
+
+    entry = reasoning_gym.create_dataset("chain_sum", size=1, seed=5)[0]
+    pool = WorkerPool(1, timeout=60)
+    try:
+        run = lambda response: asyncio.run(  # noqa: E731
+            pool.run(gym.TARGET, response, entry["answer"], entry["metadata"], entry["question"])
+        )
+        assert run(f"<answer>{entry['answer']}</answer>") == 1.0
+        assert run(f"<answer>{int(entry['answer']) + 1}</answer>") < 1.0
+        assert run("no tags") == 0.0
+        with pytest.raises(WorkerError, match="source_dataset"):
+            asyncio.run(pool.run(gym.TARGET, "<answer>1</answer>", "1", {}, "q"))
+    finally:
+        pool.close()
+
+
+def test_builtin_rm_types_score_samples() -> None:
+    async def score(rm_type: str, response: str, label: Any) -> Any:
+        fn = get_reward_function(rm_args(rm_type=rm_type))
+        group = [sample(response, label)]
+        await fn.score_group(rm_args(), group, Counts())
+        await fn.close()
+        return group[0].reward
+
+    assert asyncio.run(score("dapo", "\\boxed{7}", "7")) == 1.0
+    assert asyncio.run(score("deepscaler", "\\boxed{7}", "8")) == 0.0
+    assert asyncio.run(score("f1", "<answer>new york</answer>", "New York")) == 1.0
+    assert asyncio.run(score("math_verify", "\\boxed{2^{3}}", "8")) == 1.0
+
+
+def test_raising_and_slow_reward_functions_fail_their_samples_and_are_counted() -> None:
+    def raising(args: Any, s: Sample) -> float:
+        if s.index == 1:
+            raise RuntimeError("boom")
+        return {"score": 1.0, "acc": 1.0}  # type: ignore[return-value]
+
+    async def slow(args: Any, s: Sample) -> float:
+        await asyncio.sleep(30 if s.index == 0 else 0)
+        return 0.5
+
+    counts = Counts()
+    group = [sample("a", index=0), sample("b", index=1), sample("c", index=2, metadata={})]
+    group[2].status = Status.FAILED  # generation failed: not scored, reward 0
+    asyncio.run(RewardFunction(raising, timeout=5).score_group(None, group, counts))
+    assert group[0].reward == {"score": 1.0, "acc": 1.0} and group[0].status == Status.COMPLETED
+    assert group[1].status == Status.FAILED and group[1].reward == 0.0 and "boom" in group[1].metadata["reward_error"]
+    assert group[2].reward == 0.0 and counts.c == {"reward_failed": 1}
+
+    counts = Counts()
+    group = [sample("a", index=0), sample("b", index=1)]
+    start = time.monotonic()
+    asyncio.run(RewardFunction(slow, timeout=0.3).score_group(None, group, counts))
+    assert time.monotonic() - start < 5
+    assert [s.reward for s in group] == [0.0, 0.5] and group[0].metadata["reward_error"] == "timed out"
+    assert counts.c == {"reward_failed": 1, "reward_timeout": 1}
+
+
+def test_group_reward_is_one_call_and_checked() -> None:
+    calls: list[list[int]] = []
+
+    async def per_group(args: Any, group: list[Sample]) -> list[float]:
+        calls.append([s.index for s in group])
+        return [float(s.index) for s in group]
+
+    group = [sample("a", index=i) for i in range(3)]
+    asyncio.run(RewardFunction(per_group, per_group=True, timeout=5).score_group(None, group, Counts()))
+    assert calls == [[0, 1, 2]] and [s.reward for s in group] == [0.0, 1.0, 2.0]
+
+    counts = Counts()
+    bad = RewardFunction(lambda args, g: [1.0], per_group=True, timeout=5)
+    asyncio.run(bad.score_group(None, group, counts))
+    assert all(s.status == Status.FAILED for s in group) and counts.c["reward_failed"] == 3
+    assert "one reward per sample" in group[0].metadata["reward_error"]
+
+
+def test_reward_of_the_wrong_type_fails_the_sample() -> None:
+    group = [sample("a")]
+    counts = Counts()
+    asyncio.run(RewardFunction(lambda a, s: "high", timeout=5).score_group(None, group, counts))
+    assert group[0].status == Status.FAILED and "number or a dict" in group[0].metadata["reward_error"]
+
+
+class RewardServer:
+    """A local HTTP reward service on 127.0.0.1: `script` lists what each request gets (status or delay)."""
+
+    def __init__(self) -> None:
+        self.script: list[Any] = []
+        self.requests: list[dict[str, Any]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        action = self.script.pop(0) if self.script else 200
+        if isinstance(action, float):
+            await asyncio.sleep(action)
+        if action == 500:
+            return web.Response(status=500, text="overloaded")
+        if action == "dict":
+            return web.json_response({"reward": {"score": 0.25, "len": 3.0}})
+        return web.json_response({"reward": len(body["response"]) / 10})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/score", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/score"
+
+    async def stop(self) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+def test_remote_reward_retries_then_fails_when_the_server_goes_down() -> None:
+    async def scenario() -> None:
+        server = RewardServer()
+        await server.start()
+        model = RemoteRewardModel(server.url, timeout=0.5, retries=2, backoff=0.05)
+        fn = RewardFunction(model, counters=model.counters, on_close=model.close)
+        counts = Counts()
+        group = [sample("12345", index=0)]
+        server.script = [500, 2.0]  # an error, then an answer past the timeout, then success
+        await fn.score_group(None, group, counts)
+        assert group[0].reward == 0.5 and len(server.requests) == 3
+        assert server.requests[0] == {"prompt": "q", "response": "12345", "label": "1", "metadata": {}, "index": 0}
+        assert fn.drain_counters() == {"rm_remote_retries": 2}
+        server.script = ["dict"]
+        group = [sample("x", index=1)]
+        await fn.score_group(None, group, counts)
+        assert group[0].reward == {"score": 0.25, "len": 3.0}
+        await server.stop()  # the reward service goes down
+        group = [sample("x", index=2), sample("y", index=3)]
+        await fn.score_group(None, group, counts)
+        assert all(s.status == Status.FAILED and "--rm-url" in s.metadata["reward_error"] for s in group)
+        assert counts.c == {"reward_failed": 2}
+        assert fn.drain_counters() == {"rm_remote_retries": 4, "rm_remote_failures": 2}
+        await fn.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,76 @@
+"""Convert a Hugging Face checkpoint into a Megatron distributed (torch_dist) checkpoint of the model.
+
+Example (any TP/PP/EP; the process count is torchrun's):
+  torchrun --nproc_per_node 2 tools/convert_hf_to_torch_dist.py --hf-checkpoint qwen3-4B --save qwen3-4B_torch_dist \\
+      --tensor-model-parallel-size 2 $(cat-your-model-args)   # e.g. the MODEL_ARGS of scripts/models/qwen3-4B.sh
+A single process needs no torchrun. Megatron architecture flags (--num-layers, --hidden-size, ...) are
+optional; each one given is checked against the HF config, and a mismatch stops the tool naming the
+flag and the config field. The result is model-only and loads at any parallel layout, with the
+engine's --load or with tools/convert_torch_dist_to_hf.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments of the tool (no heavy import: --help is instant)."""
+    from slime_like.megatron.checkpoint_conversion import add_parallel_arguments
+    from slime_like.model_arguments import add_model_arguments
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json and safetensors)")
+    p.add_argument("--save", required=True, help="output torch_dist directory (created)")
+    add_parallel_arguments(p)
+    add_model_arguments(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Check the arguments, build the model at the requested layout, load the HF weights, save."""
+    args = parse_args(argv)
+    from transformers import AutoConfig
+
+    from slime_like.megatron.checkpoint_conversion import ConversionError, check_arguments
+
+    hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
+    try:
+        check_arguments(args, hf_config, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConversionError as exc:
+        sys.exit(f"convert_hf_to_torch_dist: {exc}")
+
+    import torch
+    from megatron.core import parallel_state
+
+    from slime_like.megatron.checkpoint import save_checkpoint
+    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+    from slime_like.megatron.parallel import init_parallel
+
+    ours = not parallel_state.model_parallel_is_initialized()  # else a caller's world of the same sizes
+    init_parallel(
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.expert_model_parallel_size,
+        args.expert_tensor_parallel_size,
+    )
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    bridge = make_bridge(args.hf_checkpoint, dtype, args.make_vocab_size_divisible_by)
+    model = build_model(bridge, wrap_with_ddp=False)
+    load_hf_weights(bridge, model, args.hf_checkpoint)
+    save_checkpoint(args.save, model, rng=False)
+    if torch.distributed.get_rank() == 0:
+        print(f"wrote {args.save}")
+    torch.distributed.barrier()
+    if ours:
+        parallel_state.destroy_model_parallel()  # the process group stays: callers may convert again
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+    main()
+    from slime_like.megatron.parallel import destroy_parallel
+
+    destroy_parallel()

@@ -1,0 +1,91 @@
+"""Convert a Megatron torch_dist checkpoint (the engine's --save, or convert_hf_to_torch_dist's) to an HF directory.
+
+Example:
+  torchrun --nproc_per_node 2 tools/convert_torch_dist_to_hf.py --load run/iter_10 \\
+      --hf-checkpoint qwen3-4B --save qwen3-4B-step10 --tensor-model-parallel-size 2
+--hf-checkpoint is the original HF directory: the model is built from its config, and its config,
+tokenizer, chat template and generation config are copied next to the new weights. The layout used
+here may differ from the one the checkpoint was saved with (the model weights are resharded). A
+checkpoint whose tensor shapes do not match the HF config stops the tool naming each tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments of the tool (no heavy import: --help is instant)."""
+    from slime_like.megatron.checkpoint_conversion import add_parallel_arguments
+    from slime_like.model_arguments import add_model_arguments
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="torch_dist checkpoint directory")
+    p.add_argument("--hf-checkpoint", required=True, help="the original HF directory (config and tokenizer)")
+    p.add_argument("--save", required=True, help="output HF directory (created)")
+    p.add_argument("--max-shard-size-gb", type=float, default=5.0, help="size of each safetensors file")
+    add_parallel_arguments(p)
+    add_model_arguments(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Check the arguments, build the model, load the checkpoint, export HF weights from rank 0."""
+    args = parse_args(argv)
+    from transformers import AutoConfig
+
+    from slime_like.megatron.checkpoint_conversion import ConversionError, check_arguments
+
+    hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
+    try:
+        check_arguments(args, hf_config, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConversionError as exc:
+        sys.exit(f"convert_torch_dist_to_hf: {exc}")
+
+    import torch
+    from megatron.core import parallel_state
+
+    from slime_like.megatron import checkpoint_conversion as conv
+    from slime_like.megatron.checkpoint import load_checkpoint, model_sharded_state_dict
+    from slime_like.megatron.model import build_model, export_hf_weights, make_bridge
+    from slime_like.megatron.parallel import init_parallel
+
+    ours = not parallel_state.model_parallel_is_initialized()  # else a caller's world of the same sizes
+    init_parallel(
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.expert_model_parallel_size,
+        args.expert_tensor_parallel_size,
+    )
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    bridge = make_bridge(args.hf_checkpoint, dtype, args.make_vocab_size_divisible_by)
+    model = build_model(bridge, wrap_with_ddp=False)
+    problems = conv.checkpoint_shape_problems(args.load, model_sharded_state_dict(model))
+    if problems:
+        sys.exit(
+            f"convert_torch_dist_to_hf: {args.load} does not hold the model of {args.hf_checkpoint}'s config:\n  "
+            + "\n  ".join(problems)
+        )
+    load_checkpoint(args.load, model, weights_only=True)
+    weights = export_hf_weights(bridge, model)
+    if torch.distributed.get_rank() != 0:
+        for _ in weights:  # the gather over TP/PP/EP ranks is collective
+            pass
+    else:
+        files = conv.write_safetensors(weights, args.save, int(args.max_shard_size_gb * 1024**3))
+        conv.copy_model_files(args.hf_checkpoint, args.save)
+        conv.set_config_dtype(args.save, dtype)
+        print(f"wrote {len(files)} safetensors file(s) to {args.save}")
+    torch.distributed.barrier()
+    if ours:
+        parallel_state.destroy_model_parallel()  # the process group stays: callers may convert again
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+    main()
+    from slime_like.megatron.parallel import destroy_parallel
+
+    destroy_parallel()
