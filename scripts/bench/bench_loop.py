@@ -651,10 +651,10 @@ class Bench:
             timing["/flush_cache"].append(time.perf_counter() - start)
         for name, values in timing.items():
             print(f"  {name:<28}{median(values) * 1e3:8.1f} ms  ({' '.join(f'{v * 1e3:.0f}' for v in values)})")
-        flushes = 2 * median(timing["/flush_cache"]) / median(timing["TrainActor.update_weights"])
+        share = median(timing["/flush_cache"]) / median(timing["TrainActor.update_weights"])
         print(
-            f"  two /flush_cache calls (before and after the broadcast) would be {flushes:.0%} of an update; on CPU "
-            "SGLang's flush runs gc.collect() in the scheduler"
+            f"  one /flush_cache alone takes {share:.0%} of a whole update: on CPU SGLang's flush runs gc.collect() in "
+            "the scheduler (on GPU it is torch.cuda.empty_cache())"
         )
         transport = getattr(self.actor, "transport", None)
         if transport is not None:

@@ -77,8 +77,10 @@ def share_from_last_stage(local: Any, merge: Callable[[list[Any]], Any]) -> Any:
 
     merged = None
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
-        parts: list[Any] = [None] * mpu.get_data_parallel_world_size()
-        dist.all_gather_object(parts, local, group=mpu.get_data_parallel_group())
+        parts: list[Any] = [local]
+        if mpu.get_data_parallel_world_size() > 1:  # no pickling round trip when there is nobody to share with
+            parts = [None] * mpu.get_data_parallel_world_size()
+            dist.all_gather_object(parts, local, group=mpu.get_data_parallel_group())
         merged = merge(parts)
     if mpu.get_pipeline_model_parallel_world_size() > 1:
         box = [merged]
