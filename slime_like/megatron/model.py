@@ -5,7 +5,8 @@ Megatron <-> HF name maps used to load and export weights (slime_like.megatron.h
 builds the TransformerConfig and the GPTModel; the fixes it needs are made here and in bridges.py:
 - transformers 5 configs keep `rope_theta` in `rope_parameters`; mbridge reads `hf_config.rope_theta`.
 - mbridge always builds the Transformer Engine layer spec; without CUDA+TE we swap in Megatron's local
-  spec (separate layer-norm modules, SequentialMLP experts), whose names the registry maps directly.
+  spec (separate layer-norm modules, SequentialMLP experts), whose names the registry maps directly;
+  its core attention assumes q/k and v heads of kv_channels, so MLA gets a subclass taking its sizes.
 - Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16): bridges.py.
 """
 

@@ -1,11 +1,15 @@
 """From-tensor transport (colocated servers): weights are shared through memory, HTTP carries only handles.
 
-Each bucket is copied into a shared buffer and serialised with torch's multiprocessing pickler as SGLang's
-"flattened_bucket" (one flat uint8 tensor plus each tensor's name, dtype, shape and place); SGLang's
-/update_weights_from_tensor maps the buffer and loads from it. On GPU the handle is a CUDA IPC handle; on
-CPU it names a shared-memory file, which needs torch's "file_system" sharing strategy in this process
-(with the default strategy the server's scheduler dies with an AuthenticationError). Two buffers
-alternate, so the next bucket is filled while the servers load the previous one.
+SGLang's /update_weights_from_tensor takes tensors pickled with torch's multiprocessing reducers, which
+send handles instead of bytes; the server maps the memory and loads from it.
+- CPU: the exported tensors themselves are sent (most are views of Megatron's parameters). Pickling
+  moves a tensor's storage into shared memory in place, once: from the second update on, the servers
+  read the trainer's parameters directly, with no copy on the trainer's side. This needs torch's
+  "file_system" sharing strategy in this process (with the default one the server's scheduler dies
+  with an AuthenticationError).
+- GPU: each bucket is copied into one of two alternating buffers and sent as SGLang's "flattened_bucket"
+  (one CUDA IPC handle per bucket instead of one per tensor, which is slow to open); the next bucket is
+  filled while the servers load the previous one.
 """
 
 from __future__ import annotations
@@ -46,8 +50,15 @@ def serialize_bucket(flat: torch.Tensor, metadata: list[dict]) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's plain payload for one server TP rank: base64 of the pickled (name, tensor) handles."""
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump([(name, tensor.detach()) for name, tensor in named])
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 class TensorTransport(WeightTransport):
-    """/update_weights_from_tensor with shared-memory (CPU) or CUDA IPC (GPU) handles, double-buffered."""
+    """/update_weights_from_tensor with shared-memory (CPU) or CUDA IPC (GPU) handles."""
 
     name = "tensor"
 
@@ -72,7 +83,21 @@ class TensorTransport(WeightTransport):
         return self._buffers[slot]
 
     def send(self, named_tensors: NamedTensors, version: int) -> None:
-        """Per bucket: fill a shared buffer, POST its handles to every server; two buckets in flight."""
+        """Per bucket, POST its handles to every server (on GPU through the alternating flat buffers)."""
+        if self.device is not None:
+            self._send_flattened(named_tensors)
+            return
+        with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
+            for bucket in buckets(named_tensors, self.bucket_bytes):
+                answers = [
+                    pool.submit(post, url, "/update_weights_from_tensor", self._payload(bucket), self.timeout_s)
+                    for url in self.server_urls
+                ]
+                for answer in answers:  # the bucket's tensors may be temporaries: keep them until read
+                    answer.result()
+
+    def _send_flattened(self, named_tensors: NamedTensors) -> None:
+        """Per bucket: fill a device buffer, POST its handle to every server; two buckets in flight."""
         in_flight: list[tuple[list[Future], torch.Tensor | None]] = [([], None), ([], None)]
         with ThreadPoolExecutor(max_workers=2 * len(self.server_urls)) as pool:
             for i, bucket in enumerate(buckets(named_tensors, self.bucket_bytes)):
@@ -81,21 +106,31 @@ class TensorTransport(WeightTransport):
                     answer.result()
                 buffer = self._buffer(slot, flat_size(bucket, _ALIGN))
                 flat, metadata = flatten_into(bucket, buffer, _ALIGN)
-                if self.device is not None:
-                    torch.cuda.current_stream().synchronize()  # the copies land before a server reads
-                payload = {
-                    "serialized_named_tensors": [serialize_bucket(flat, metadata)] * self.tp_per_server,
-                    "load_format": "flattened_bucket",
-                    "flush_cache": False,
-                }
+                torch.cuda.current_stream().synchronize()  # the copies land before a server reads
                 answers = [
-                    pool.submit(post, url, "/update_weights_from_tensor", payload, self.timeout_s)
+                    pool.submit(post, url, "/update_weights_from_tensor", self._payload(flat, metadata), self.timeout_s)
                     for url in self.server_urls
                 ]
                 in_flight[slot] = (answers, buffer)  # keeps a one-off buffer alive until answered
             for answers, _ in in_flight:
                 for answer in answers:
                     answer.result()
+
+    def _payload(self, bucket_or_flat, metadata: list[dict] | None = None) -> dict:
+        """The request for one server: its handles once per TP rank.
+
+        Each pickled handle counts one reference to the shared memory and each receiver releases one, so
+        every receiver needs its own (one handle read twice would let the memory be unlinked too early).
+        """
+        if metadata is None:
+            serialize, load_format = (lambda: serialize_tensors(bucket_or_flat)), None
+        else:
+            serialize, load_format = (lambda: serialize_bucket(bucket_or_flat, metadata)), "flattened_bucket"
+        return {
+            "serialized_named_tensors": [serialize() for _ in range(self.tp_per_server)],
+            "load_format": load_format,
+            "flush_cache": False,
+        }
 
     def close(self) -> None:
         """Free the shared buffers."""

@@ -183,3 +183,28 @@ def test_tensor_payload_is_sglang_flattened_bucket() -> None:
     bucket = FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=data["metadata"])
     for (name, tensor), (got_name, got) in zip(tensors, bucket.reconstruct_tensors(), strict=True):
         assert got_name == name and torch.equal(got, tensor)
+
+
+def test_trainer_rank_updates_with_flags_and_checks(servers, tiny_qwen3, tmp_path, monkeypatch, caplog) -> None:
+    """TrainActor.update_weights as the loop calls it: --update-weight-transport tensor --check-weight-update.
+
+    Last in this file: the actor's own engine replaces the servers' weights.
+    """
+    import logging
+    import os
+
+    from slime_like.actor import TrainActor
+    from tests.megatron.algo_common import actor_args, make_data
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, os.environ.get(key, "0"))  # TrainActor sets them; restored after the test
+    flags = ["--update-weight-transport", "tensor", "--check-weight-update", "--update-weight-buffer-size", "65536"]
+    actor = TrainActor(actor_args(tiny_qwen3, flags), 0, "127.0.0.1", 0)
+    actor.train(0, make_data())
+    urls = [s.url for s in servers]
+    with caplog.at_level(logging.INFO, logger="slime_like.actor"):
+        assert actor.update_weights(urls, 100, "tensor", str(tmp_path)) > 0
+    assert "weight version 100 over tensor: servers match the trainer within" in caplog.text
+    assert all(weight_version(url) == "100" for url in urls)
+    with pytest.raises(ValueError, match="weight version 100 is not above the current one"):
+        actor.update_weights(urls, 100, "tensor", str(tmp_path))
