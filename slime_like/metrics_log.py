@@ -88,10 +88,12 @@ def plot_metrics(metrics_path: str | Path, out: str | Path) -> Path | None:
     ax_r.set_xlabel("rollout step")
     ax_r.set_ylabel("reward")
     ax_r.legend()
-    time_keys = sorted({k for r in records for k in r if k.startswith("time/")})
+    time_keys = ["rollout/time"] + sorted({k for r in records for k in r if k.startswith("time/")})
     for key in time_keys:
         points = [(r["step"], r[key]) for r in records if key in r]
-        ax_t.plot(*zip(*points, strict=True), label=key.removeprefix("time/"))
+        if points:
+            label = "generate" if key == "rollout/time" else key.removeprefix("time/")
+            ax_t.plot(*zip(*points, strict=True), label=label)
     ax_t.set_xlabel("rollout step")
     ax_t.set_ylabel("seconds")
     ax_t.legend()

@@ -90,16 +90,17 @@ class Run:
         logger.info("resumed from %s at rollout %d", target, rollout_id + 1)
         return rollout_id + 1
 
-    def log(self, rollout_id: int, metrics: dict[str, Any], step_start: float) -> None:
-        """Record the step's metrics (nothing when there are none)."""
+    def log(self, rollout_id: int, metrics: dict[str, Any], step_start: float | None = None) -> None:
+        """Record the step's metrics (nothing when there are none); with a start time, also the step time."""
         if not metrics:
             return
-        metrics["time/step"] = time.monotonic() - step_start
+        if step_start is not None:
+            metrics["time/step"] = time.monotonic() - step_start
         self.metrics.log(rollout_id, metrics)
 
     def finish(self) -> None:
         """Evaluate the final weights and plot the curves."""
-        self.log(self.args.num_rollout, self.evaluate(self.args.num_rollout, force=True), time.monotonic())
+        self.log(self.args.num_rollout, self.evaluate(self.args.num_rollout, force=True))
         path = self.metrics.plot()
         if path:
             print(f"curves: {path}", flush=True)
