@@ -3,49 +3,22 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.megatron.algo_common import DP_CONFIGS, run_config
+from tests.megatron.launch import torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("algo_dp_worker.py")
-
-
-def _torchrun(out: Path, hf_dir: Path, timeout: int = 300) -> None:
-    """Run the worker on two ranks; on timeout kill torchrun's whole process group."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.Popen(
-        [*cmd, str(WORKER), str(out), str(hf_dir)],
-        env=env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun timed out after {timeout} s:\n{output[-6000:]}")
-    assert proc.returncode == 0, output[-8000:]
 
 
 @pytest.mark.integration
 def test_dp2_matches_dp1(tiny_qwen3: Path, megatron_world: None, tmp_path: Path, monkeypatch) -> None:
     from slime_like.actor import TrainActor
 
-    _torchrun(tmp_path / "out.pt", tiny_qwen3)
+    torchrun(WORKER, [str(tmp_path / "out.pt"), str(tiny_qwen3)])
     got = torch.load(tmp_path / "out.pt", weights_only=False)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))  # TrainActor sets them; restored after the test

@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.megatron.common import train_run
+from tests.megatron.launch import torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dist_worker.py")
-
-
-def _torchrun(out: Path, runs: list[str], timeout: int = 300) -> None:
-    """Run the worker on two ranks; on timeout kill torchrun's whole process group (its workers too)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.Popen(
-        [*cmd, str(WORKER), str(out), *runs],
-        env=env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun timed out after {timeout} s:\n{output[-6000:]}")
-    assert proc.returncode == 0, output[-8000:]
 
 
 def _assert_same(got: dict, ref: dict, run: str) -> None:
@@ -70,7 +42,7 @@ def _four_layers(hf_dir: Path, out: Path) -> Path:
 def test_tp2_pp2_dp2_vpp2_match_single_process(tiny_qwen3, tiny_qwen2_untied, megatron_world, tmp_path):
     deep = _four_layers(tiny_qwen3, tmp_path / "qwen3-4-layers")
     runs = [f"tp2:{tiny_qwen3}", f"pp2:{tiny_qwen3}", f"dp2:{tiny_qwen3}", f"pp2:{tiny_qwen2_untied}", f"vpp2:{deep}"]
-    _torchrun(tmp_path / "out.pt", runs)
+    torchrun(WORKER, [str(tmp_path / "out.pt"), *runs])
     results = torch.load(tmp_path / "out.pt", weights_only=False)
     references = {str(d): train_run(d) for d in (tiny_qwen3, tiny_qwen2_untied, deep)}
     for run in runs:
