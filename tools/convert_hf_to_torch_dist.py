@@ -32,33 +32,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Check the arguments, build the model at the requested layout, load the HF weights, save."""
     args = parse_args(argv)
-    from transformers import AutoConfig
-
-    from slime_like.megatron.checkpoint_conversion import ConversionError, check_arguments
-
-    hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
-    try:
-        check_arguments(args, hf_config, int(os.environ.get("WORLD_SIZE", "1")))
-    except ConversionError as exc:
-        sys.exit(f"convert_hf_to_torch_dist: {exc}")
-
     import torch
     from megatron.core import parallel_state
 
     from slime_like.megatron.checkpoint import save_checkpoint
-    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.megatron.checkpoint_conversion import prepare_model
+    from slime_like.megatron.model import load_hf_weights
 
-    ours = not parallel_state.model_parallel_is_initialized()  # else a caller's world of the same sizes
-    init_parallel(
-        args.tensor_model_parallel_size,
-        args.pipeline_model_parallel_size,
-        args.expert_model_parallel_size,
-        args.expert_tensor_parallel_size,
-    )
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    bridge = make_bridge(args.hf_checkpoint, dtype, args.make_vocab_size_divisible_by)
-    model = build_model(bridge, wrap_with_ddp=False)
+    bridge, model, ours = prepare_model(args, "convert_hf_to_torch_dist")
     load_hf_weights(bridge, model, args.hf_checkpoint)
     save_checkpoint(args.save, model, rng=False)
     if torch.distributed.get_rank() == 0:

@@ -34,34 +34,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Check the arguments, build the model, load the checkpoint, export HF weights from rank 0."""
     args = parse_args(argv)
-    from transformers import AutoConfig
-
-    from slime_like.megatron.checkpoint_conversion import ConversionError, check_arguments
-
-    hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
-    try:
-        check_arguments(args, hf_config, int(os.environ.get("WORLD_SIZE", "1")))
-    except ConversionError as exc:
-        sys.exit(f"convert_torch_dist_to_hf: {exc}")
-
     import torch
     from megatron.core import parallel_state
 
     from slime_like.megatron import checkpoint_conversion as conv
     from slime_like.megatron.checkpoint import load_checkpoint, model_sharded_state_dict
-    from slime_like.megatron.model import build_model, export_hf_weights, make_bridge
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.megatron.model import export_hf_weights
 
-    ours = not parallel_state.model_parallel_is_initialized()  # else a caller's world of the same sizes
-    init_parallel(
-        args.tensor_model_parallel_size,
-        args.pipeline_model_parallel_size,
-        args.expert_model_parallel_size,
-        args.expert_tensor_parallel_size,
-    )
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    bridge = make_bridge(args.hf_checkpoint, dtype, args.make_vocab_size_divisible_by)
-    model = build_model(bridge, wrap_with_ddp=False)
+    bridge, model, ours = conv.prepare_model(args, "convert_torch_dist_to_hf")
     problems = conv.checkpoint_shape_problems(args.load, model_sharded_state_dict(model))
     if problems:
         sys.exit(
@@ -76,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         files = conv.write_safetensors(weights, args.save, int(args.max_shard_size_gb * 1024**3))
         conv.copy_model_files(args.hf_checkpoint, args.save)
-        conv.set_config_dtype(args.save, dtype)
+        conv.set_config_dtype(args.save, bridge.dtype)
         print(f"wrote {len(files)} safetensors file(s) to {args.save}")
     torch.distributed.barrier()
     if ours:

@@ -78,6 +78,38 @@ def check_arguments(args: argparse.Namespace, hf_config: Any, world_size: int) -
         raise ConversionError("the Megatron arguments do not match the HF config:\n  " + "\n  ".join(problems))
 
 
+def prepare_model(args: argparse.Namespace, tool: str) -> tuple[Any, list, bool]:
+    """Check the tool's arguments (exit naming the problem), start the parallel world, build the model unwrapped.
+
+    Returns the bridge, the model chunks, and whether this call created the parallel state (so the tool
+    tears it down again; a caller's world of the same sizes is left alone).
+    """
+    import os
+    import sys
+
+    import torch
+    from megatron.core import parallel_state
+    from transformers import AutoConfig
+
+    from slime_like.megatron.model import build_model, make_bridge
+    from slime_like.megatron.parallel import init_parallel
+
+    try:
+        check_arguments(args, AutoConfig.from_pretrained(args.hf_checkpoint), int(os.environ.get("WORLD_SIZE", "1")))
+    except ConversionError as exc:
+        sys.exit(f"{tool}: {exc}")
+    ours = not parallel_state.model_parallel_is_initialized()
+    init_parallel(
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.expert_model_parallel_size,
+        args.expert_tensor_parallel_size,
+    )
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    bridge = make_bridge(args.hf_checkpoint, dtype, args.make_vocab_size_divisible_by)
+    return bridge, build_model(bridge, wrap_with_ddp=False), ours
+
+
 def checkpoint_shape_problems(directory: str | Path, sharded_state: dict) -> list[str]:
     """Model tensors whose global shape in the torch_dist checkpoint differs from the model's (or are missing)."""
     from megatron.core.dist_checkpointing import load_tensors_metadata
