@@ -44,10 +44,9 @@ def start_servers(model: Path, log_dir: Path, count: int) -> list[SGLangServer]:
     return servers
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SGLangServer]]:
-    """Two servers of our own: these tests change their weights."""
-    started = start_servers(tiny_qwen3, tmp_path_factory.mktemp("logs"), 2)
+def serve_two(model: Path, log_dir: Path) -> Iterator[list[SGLangServer]]:
+    """Two servers of a module's own on `model` (its tests change their weights), stopped at the end."""
+    started = start_servers(model, log_dir, 2)
     try:
         yield started
     finally:
@@ -55,15 +54,26 @@ def servers(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             server.stop()
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_qwen3: Path):
-    """A single-rank Megatron engine on the same checkpoint, with a large learning rate."""
+def trainable_engine(model: Path):
+    """A single-rank Megatron engine on `model`, with a large learning rate so one step moves every weight."""
     from slime_like.megatron.engine import MegatronTrainEngine
     from slime_like.megatron.optimizer import OptimizerSettings
     from slime_like.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
-    return MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False))
+    return MegatronTrainEngine(model, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False))
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SGLangServer]]:
+    """Two servers on the tiny Qwen3."""
+    yield from serve_two(tiny_qwen3, tmp_path_factory.mktemp("logs"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_qwen3: Path):
+    """The trainer on the same checkpoint."""
+    return trainable_engine(tiny_qwen3)
 
 
 def train_one_step(engine) -> None:

@@ -16,7 +16,7 @@ import torch
 from rollout.sglang_server import SGLangServer
 from slime_like.weights.check import served_logprobs
 from slime_like.weights.server_calls import weight_version
-from tests.integration.test_weight_update import SEQUENCE, make_transport, start_servers, train_one_step
+from tests.integration.test_weight_update import SEQUENCE, make_transport, serve_two, train_one_step, trainable_engine
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +33,12 @@ def moe_untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def servers(moe_untied: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SGLangServer]]:
     """The updated server and the reference one, both starting from the same checkpoint."""
-    started = start_servers(moe_untied, tmp_path_factory.mktemp("logs"), 2)
-    try:
-        yield started
-    finally:
-        for server in started:
-            server.stop()
+    yield from serve_two(moe_untied, tmp_path_factory.mktemp("logs"))
 
 
 @pytest.fixture(scope="module")
 def engine(moe_untied: Path):
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
-
-    init_parallel(tp=1, pp=1, seed=1234)
-    return MegatronTrainEngine(moe_untied, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False))
+    return trainable_engine(moe_untied)
 
 
 @pytest.mark.parametrize(("kind", "version"), [("distributed", 1), ("tensor", 2)])
