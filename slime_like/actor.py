@@ -80,6 +80,8 @@ class TrainActor:
             self.loss_fn = custom_loss_fn(args, hook)
         else:
             self.loss_fn = policy_loss_fn(args)
+        # Entropy is only a metric unless the loss uses it: then it needs no [tokens, vocab] backward.
+        self.entropy_grad = args.loss_type == "custom_loss" or bool(args.entropy_coef)
         path = args.custom_advantage_function_path
         self.custom_advantage = load_plugin(path, "--custom-advantage-function-path", params=2) if path else None
         self.transport = None
@@ -149,7 +151,9 @@ class TrainActor:
                 out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args))
                 step.update({f"critic/{k}": v for k, v in out.items()})
             if train_policy:
-                out = self.engine.train_step(tokens, step_rows, self.loss_fn, with_entropy=not sft)
+                out = self.engine.train_step(
+                    tokens, step_rows, self.loss_fn, with_entropy=not sft, entropy_grad=self.entropy_grad
+                )
                 step.update({f"train/{k}": v for k, v in out.items()})
             step_metrics.append(step)
         for key in step_metrics[0] if step_metrics else ():

@@ -16,9 +16,17 @@ import torch
 from slime_like.algorithms.policy_loss import PolicyLossOutput, ppo_clip_loss
 
 
-def sequence_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(1/|y|) * sum over loss-masked tokens of log pi - log pi_old (a scalar)."""
-    return ((log_probs - old_log_probs) * mask).sum() / mask.sum().clamp(min=1.0)
+def sequence_log_ratio(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor, lengths: list[int] | None = None
+) -> torch.Tensor:
+    """(1/|y|) * sum over loss-masked tokens of log pi - log pi_old: a scalar for one sequence, or per
+    token (each token carries its sequence's value) for sequences of `lengths` concatenated."""
+    if lengths is None:
+        return ((log_probs - old_log_probs) * mask).sum() / mask.sum().clamp(min=1.0)
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    sums = log_probs.new_zeros(len(lengths)).index_add_(0, segment, (log_probs - old_log_probs) * mask)
+    counts = mask.new_zeros(len(lengths)).index_add_(0, segment, mask).clamp(min=1.0)
+    return (sums / counts)[segment]
 
 
 def gspo_loss(
@@ -29,8 +37,9 @@ def gspo_loss(
     eps_clip: float,
     eps_clip_high: float,
     eps_clip_c: float | None = None,
+    lengths: list[int] | None = None,
 ) -> PolicyLossOutput:
-    """Per-token GSPO-token loss of one sequence: PPO clipping applied to s_it."""
-    seq = sequence_log_ratio(log_probs, old_log_probs, mask).detach()
+    """Per-token GSPO-token loss of one sequence (or of concatenated sequences of `lengths`)."""
+    seq = sequence_log_ratio(log_probs, old_log_probs, mask, lengths).detach()
     token_log_ratio = seq + log_probs - log_probs.detach()
     return ppo_clip_loss(token_log_ratio, torch.zeros_like(log_probs), advantages, eps_clip, eps_clip_high, eps_clip_c)

@@ -42,42 +42,56 @@ def _share(x: torch.Tensor, weight: torch.Tensor) -> float:
     return float((x.detach() * weight).sum())
 
 
-def policy_objective(args: Any, log_probs: torch.Tensor, row: dict[str, Any]) -> PolicyLossOutput:
-    """Per-token policy-gradient loss of one sample for --advantage-estimator."""
-    old, adv = row["old_log_probs"], row["advantages"]
+def policy_objective(
+    args: Any, log_probs: torch.Tensor, flat: dict[str, torch.Tensor], lengths: list[int]
+) -> PolicyLossOutput:
+    """Per-token policy-gradient loss for --advantage-estimator of concatenated responses of `lengths`."""
+    old, adv = flat["old_log_probs"], flat["advantages"]
     if args.advantage_estimator == "gspo":
-        return gspo_loss(log_probs, old, adv, row["loss_mask"], args.eps_clip, args.eps_clip_high, args.eps_clip_c)
+        mask = flat["loss_mask"]
+        return gspo_loss(log_probs, old, adv, mask, args.eps_clip, args.eps_clip_high, args.eps_clip_c, lengths)
     if args.advantage_estimator == "cispo":
         return cispo_loss(log_probs, old, adv, args.eps_clip, args.eps_clip_high)
     return ppo_clip_loss(log_probs, old, adv, args.eps_clip, args.eps_clip_high, args.eps_clip_c)
 
 
+def _concat(rows: Rows, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The rows' per-token tensors of `keys` (those present in the rows), concatenated in row order."""
+    return {k: torch.cat([r[k] for r in rows]) for k in keys if k in rows[0]}
+
+
 def policy_loss_fn(args: Any) -> LossFn:
-    """Loss function of a policy step: clipped objective, IS weights, KL loss and entropy bonus."""
+    """Loss function of a policy step: clipped objective, IS weights, KL loss and entropy bonus.
+
+    The micro-batch's responses are concatenated into one flat tensor so every term is a handful of
+    vector operations and each metric one reduction (a per-sample loop cost ~10% of a CPU step).
+    """
+    keys = ("old_log_probs", "advantages", "loss_mask", "token_weight", "metric_weight", "is_weight", "ref_log_probs")
 
     def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor]):
-        total = log_probs[0].new_zeros(())
-        stats = dict.fromkeys(
-            ("pg_loss", "pg_clipfrac", "pg_dual_clipfrac", "ppo_kl", "ppo_ratio_abs_dev", "entropy", "kl_loss"), 0.0
-        )
-        for lp, ent, row in zip(log_probs, entropy, rows, strict=True):
-            n = row["response_length"]
-            lp, ent, mw = lp[-n:], ent[-n:], row["metric_weight"]
-            out = policy_objective(args, lp, row)
-            pg = out.loss * row["is_weight"] if "is_weight" in row else out.loss
-            per_token = pg - args.entropy_coef * ent
-            if args.use_kl_loss:
-                kl = kl_estimate(lp, row["ref_log_probs"], args.kl_loss_type)
-                per_token = per_token + args.kl_loss_coef * kl
-                stats["kl_loss"] += _share(kl, mw)
-            total = total + (per_token * row["token_weight"]).sum()
-            stats["pg_loss"] += _share(pg, mw)
-            stats["pg_clipfrac"] += _share(out.clipped, mw)
-            stats["pg_dual_clipfrac"] += _share(out.dual_clipped, mw)
-            stats["ppo_kl"] += _share(row["old_log_probs"] - lp, mw)
-            stats["ppo_ratio_abs_dev"] += _share((out.ratio - 1).abs(), mw)
-            stats["entropy"] += _share(ent, mw)
-        return total, stats
+        lengths = [r["response_length"] for r in rows]
+        lp = torch.cat([x[-n:] for x, n in zip(log_probs, lengths, strict=True)])
+        ent = torch.cat([x[-n:] for x, n in zip(entropy, lengths, strict=True)])
+        flat = _concat(rows, keys)
+        mw = flat["metric_weight"]
+        out = policy_objective(args, lp, flat, lengths)
+        pg = out.loss * flat["is_weight"] if "is_weight" in flat else out.loss
+        per_token = pg - args.entropy_coef * ent if args.entropy_coef else pg
+        stats = {
+            "pg_loss": _share(pg, mw),
+            "pg_clipfrac": _share(out.clipped, mw),
+            "pg_dual_clipfrac": _share(out.dual_clipped, mw),
+            "ppo_kl": _share(flat["old_log_probs"] - lp, mw),
+            "ppo_ratio_abs_dev": _share((out.ratio - 1).abs(), mw),
+            "entropy": _share(ent, mw),
+        }
+        if args.use_kl_loss:
+            kl = kl_estimate(lp, flat["ref_log_probs"], args.kl_loss_type)
+            per_token = per_token + args.kl_loss_coef * kl
+            stats["kl_loss"] = _share(kl, mw)
+        else:
+            stats["kl_loss"] = 0.0
+        return (per_token * flat["token_weight"]).sum(), stats
 
     return loss_fn
 

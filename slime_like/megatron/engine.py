@@ -24,7 +24,7 @@ import torch
 
 from slime_like.megatron import model as model_lib
 from slime_like.megatron.cpu_compat import cuda_to_cpu
-from slime_like.megatron.logprobs import token_logprobs, vocab_parallel_entropy
+from slime_like.megatron.logprobs import logprobs_and_entropy
 from slime_like.megatron.optimizer import OptimizerSettings, build_optimizer
 from slime_like.megatron.packing import MicroBatch, pack, split_for_dp, split_micro_batches
 from slime_like.megatron.parallel import share_from_last_stage
@@ -140,8 +140,11 @@ class MegatronTrainEngine:
         per_sequence_data: Sequence[Any],
         loss_fn: LossFn,
         with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> dict[str, float]:
-        """One optimizer step on the full batch; returns summed loss/metric shares, grad_norm and lr."""
+        """One optimizer step on the full batch; returns summed loss/metric shares, grad_norm and lr.
+
+        entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward."""
         assert self.optimizer is not None, "engine was built without an optimizer"
         assert len(per_sequence_data) == len(sequences), "one data item per sequence"
         from megatron.core import parallel_state as mpu
@@ -152,7 +155,12 @@ class MegatronTrainEngine:
         self.optimizer.zero_grad()
         scale = mpu.get_data_parallel_world_size()  # times num_microbatches, set in _run
         compute = partial(
-            self._loss, data=per_sequence_data, loss_fn=loss_fn, with_entropy=with_entropy, dp_scale=scale
+            self._loss,
+            data=per_sequence_data,
+            loss_fn=loss_fn,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            dp_scale=scale,
         )
         stores = self._run(sequences, compute, forward_only=False)
         with cuda_to_cpu():
@@ -226,15 +234,14 @@ class MegatronTrainEngine:
                 forward_only=forward_only,
             )
 
-    def _outputs(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool):
+    def _outputs(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool, entropy_grad: bool = True):
         """Per-sequence log-probs (and entropies) of one micro-batch from its logits; values for a critic."""
         if self.value_head:  # outputs are [rows, T, 1] values: position j values the state before token j+1
             return mb.per_sequence(logits[..., 0].float()), None
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        logprobs = mb.per_sequence(token_logprobs(logits, mb.tokens))
-        entropy = mb.per_sequence(vocab_parallel_entropy(logits)) if with_entropy else None
-        return logprobs, entropy
+        logprobs, entropy = logprobs_and_entropy(logits, mb.tokens, with_entropy, entropy_grad)
+        return mb.per_sequence(logprobs), None if entropy is None else mb.per_sequence(entropy)
 
     def _collect(self, mb: MicroBatch, num_mb: int, logits: torch.Tensor, with_entropy: bool):
         """Forward-only loss function: store per-sequence outputs by batch index."""
@@ -246,14 +253,14 @@ class MegatronTrainEngine:
         }
         return logits.new_zeros(()), store
 
-    def _loss(self, mb, num_mb, logits, data, loss_fn: LossFn, with_entropy: bool, dp_scale: int):
+    def _loss(self, mb, num_mb, logits, data, loss_fn: LossFn, with_entropy: bool, entropy_grad: bool, dp_scale: int):
         """Training loss function: the user's share, rescaled to survive Megatron's averaging."""
         real = [i for i in mb.indices if i >= 0]
         metrics: dict[str, Any] = {}
         if not real:
             share = logits.sum() * 0.0  # filler micro-batch: zero gradient, but a graph to backprop
         else:
-            logprobs, entropy = self._outputs(mb, logits, with_entropy)
+            logprobs, entropy = self._outputs(mb, logits, with_entropy, entropy_grad)
             kwargs = {"entropy": entropy} if with_entropy else {}
             result = loss_fn(logprobs, [data[i] for i in real], **kwargs)
             share, metrics = result if isinstance(result, tuple) else (result, {})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 
@@ -46,3 +48,26 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     from megatron.core import parallel_state as mpu
 
     return _VocabParallelEntropy.apply(logits.float(), mpu.get_tensor_model_parallel_group())
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """token_logprobs [and vocab_parallel_entropy] of [rows, T, V/tp] logits; entropy without a graph
+    when entropy_grad is False. Without TP both come from one log-softmax (one pass over the vocabulary)."""
+    from megatron.core import parallel_state as mpu
+
+    grad_context = nullcontext() if entropy_grad else torch.no_grad()
+    if mpu.get_tensor_model_parallel_world_size() > 1:
+        entropy = None
+        if with_entropy:
+            with grad_context:
+                entropy = vocab_parallel_entropy(logits)
+        return token_logprobs(logits, tokens), entropy
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = log_p.gather(-1, torch.roll(tokens, -1, dims=1).unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with grad_context:
+            entropy = -(log_p.exp() * log_p).sum(-1)
+    return logprobs, entropy

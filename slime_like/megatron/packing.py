@@ -84,21 +84,27 @@ def pack(sequences: Sequence[torch.Tensor], indices: Sequence[int], layout: str 
         # A filler micro-batch (one token) keeps micro-batch counts equal across DP ranks.
         seqs, indices = [torch.zeros(1, dtype=torch.long)], [-1]
     lengths = [len(s) for s in seqs]
+    n = len(seqs)
+    # Built with whole-tensor operations: a per-sequence loop cost ~4 ms per micro-batch of 40 sequences.
+    length_t = torch.tensor(lengths)
+    segment_of = torch.repeat_interleave(torch.arange(n), length_t)  # sequence of each token, flat
+    offsets = torch.cumsum(length_t, 0) - length_t
+    flat_positions = torch.arange(int(length_t.sum())) - offsets[segment_of]
+    flat_tokens = torch.cat(seqs)
     if layout == "packed":
-        rows = [0] * len(seqs)
-        starts = [sum(lengths[:k]) for k in range(len(seqs))]
-        shape = (1, sum(lengths))
+        rows, starts, shape = [0] * n, offsets.tolist(), (1, int(length_t.sum()))
+        where = (torch.zeros_like(segment_of), torch.arange(shape[1]))
     elif layout == "padded":
-        rows, starts, shape = list(range(len(seqs))), [0] * len(seqs), (len(seqs), max(lengths))
+        rows, starts, shape = list(range(n)), [0] * n, (n, max(lengths))
+        where = (segment_of, flat_positions)
     else:
         raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
     tokens = torch.zeros(shape, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)
     segment = torch.full(shape, -1, dtype=torch.long)
-    for k, (seq, row, start) in enumerate(zip(seqs, rows, starts, strict=True)):
-        tokens[row, start : start + len(seq)] = seq
-        position_ids[row, start : start + len(seq)] = torch.arange(len(seq))
-        segment[row, start : start + len(seq)] = k
+    tokens[where] = flat_tokens
+    position_ids[where] = flat_positions
+    segment[where] = segment_of
     same = segment[:, :, None] == segment[:, None, :]
     causal = torch.ones(shape[1], shape[1], dtype=torch.bool).tril()
     allowed = same & causal & (segment >= 0)[:, :, None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 import torch
@@ -97,6 +98,21 @@ def test_micro_batch_shares_add_up_to_the_whole_step() -> None:
     assert (a + b).item() == pytest.approx(whole.item(), abs=1e-6)
     for key, value in whole_stats.items():
         assert a_stats[key] + b_stats[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_gspo_micro_batch_gives_each_sample_its_sequence_ratio() -> None:
+    # Sample 1: log-ratios [0.1, 0.1] -> s = exp(0.1) inside the band, A = 1: loss -s per token.
+    # Sample 2: log-ratios [0.4] -> s = exp(0.4) = 1.49 > 1.2, A = 1: clipped, -1.2. Token-mean over 3 tokens:
+    # (-2 exp(0.1) - 1.2) / 3, and the clip fraction is 1/3.
+    lps = [torch.tensor([-5.0, 0.1, 0.1]), torch.tensor([-5.0, 0.4])]
+    rows = _rows(
+        [torch.ones(2), torch.ones(1)],
+        old_log_probs=[torch.zeros(2), torch.zeros(1)],
+        advantages=[torch.ones(2), torch.ones(1)],
+    )
+    loss, stats = policy_loss_fn(_args(advantage_estimator="gspo"))(lps, rows, [torch.zeros(3), torch.zeros(2)])
+    assert loss.item() == pytest.approx((-2 * math.exp(0.1) - 1.2) / 3)
+    assert stats["pg_clipfrac"] == pytest.approx(1 / 3)
 
 
 def test_sft_loss_is_masked_nll() -> None:

@@ -86,6 +86,21 @@ def test_gspo_clips_the_sequence_ratio() -> None:
     assert neg.loss.tolist() == pytest.approx([math.exp(0.4)] * 2)
 
 
+def test_gspo_concatenated_sequences_keep_their_own_ratio() -> None:
+    # Two sequences concatenated (lengths 2 and 3): log-ratios [0.2, 0.0 | 0.3, 0.3, 9.0] with the last token
+    # padding. Sequence 1: s = exp(0.1); sequence 2: s = exp((0.3 + 0.3) / 2) = exp(0.3) = 1.35 > 1.2 -> clipped
+    # for A = +1 (loss -1.2, no gradient); sequence 1 stays inside the band (loss -exp(0.1)).
+    logp = torch.tensor([0.2, 0.0, 0.3, 0.3, 9.0], requires_grad=True)
+    mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])
+    out = gspo_loss(logp, torch.zeros(5), torch.ones(5), mask, 0.2, 0.2, lengths=[2, 3])
+    s1, s2 = math.exp(0.1), math.exp(0.3)
+    assert out.ratio.tolist() == pytest.approx([s1, s1, s2, s2, s2])
+    assert out.loss.tolist() == pytest.approx([-s1, -s1, -1.2, -1.2, -1.2])
+    assert out.clipped.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+    (out.loss * mask).sum().backward()  # summed, not averaged: d(-s1 * 2)/d logp_t = -s1 * 2 / |y| = -s1
+    assert logp.grad.tolist() == pytest.approx([-s1, -s1, 0.0, 0.0, 0.0])
+
+
 def test_cispo_clips_the_weight_not_the_gradient() -> None:
     # Ratios [1.5, 0.5, 1.1], eps_low 0.2, eps_high 0.28 -> weights sg[clip(r)] = [1.28, 0.8, 1.1].
     # log pi = [-1, -2, -0.5], A = [1, -1, 2]; loss = -w*A*log pi = [1.28, -1.6, 1.1];
