@@ -11,6 +11,12 @@ best of --repeats: the whole update's seconds and its ratio to the plain copy (g
 distributed and tensor), then the data path alone (the transport's send: no pause, flush, version or
 continue), its GB/s summed over servers, and its ratio. On CPU SGLang's /flush_cache runs a full gc.collect()
 in the server (~0.3 s whatever the model size), which the whole-update figure includes.
+
+Two more baselines price the medium each transport rides on, with plain processes in place of servers:
+"bare gloo" broadcasts the same bytes from this process to N receivers (distributed's medium), and "bare
+shm" hands N receivers the same tensors through shared-memory handles, each mapping them afresh and copying
+them into its own buffers, as a server does every update (tensor's medium). The last column is the send's
+ratio to its medium.
 """
 
 from __future__ import annotations
@@ -70,6 +76,88 @@ def plain_copy_seconds(engine, repeats: int) -> tuple[float, int]:
     return best, sum(t.numel() * t.element_size() for t in sources)
 
 
+_GLOO_RANK = """
+import sys, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
+rank, world, port, nbytes, repeats = map(int, sys.argv[1:])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+buf = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else torch.zeros(nbytes, dtype=torch.uint8)
+best = float("inf")
+for _ in range(repeats + 1):  # one warm-up
+    dist.barrier()
+    start = time.perf_counter()
+    dist.broadcast(buf, 0)
+    best = min(best, time.perf_counter() - start)
+if rank == 0:
+    print(best, flush=True)
+dist.destroy_process_group()
+"""
+
+_SHM_RECEIVER = """
+import base64, pickle, sys, torch, torch.multiprocessing
+torch.multiprocessing.set_sharing_strategy("file_system")
+torch.set_num_threads(1)
+own = None
+for line in sys.stdin:
+    named = pickle.loads(base64.b64decode(line))  # maps the shared files, as a server does
+    own = own or [torch.zeros_like(t) for _, t in named]
+    for dst, (_, src) in zip(own, named):
+        dst.copy_(src)
+    del named  # a server drops them after loading: the next update maps them afresh
+    print("ok", flush=True)
+"""
+
+
+def bare_gloo_seconds(nbytes: int, receivers: int, repeats: int) -> float:
+    """Best time to broadcast nbytes over gloo from one plain process to `receivers` others."""
+    import subprocess
+
+    from slime_like.process import free_port
+
+    port, world = free_port(), receivers + 1
+    cmd = [sys.executable, "-c", _GLOO_RANK]
+    args = [str(port), str(nbytes), str(repeats)]
+    procs = [
+        subprocess.Popen([*cmd, str(r), str(world), *args], stdout=subprocess.PIPE, text=True) for r in range(world)
+    ]
+    out = procs[0].communicate(timeout=600)[0]
+    for proc in procs[1:]:
+        proc.wait(timeout=60)
+    return float(out.split()[-1])
+
+
+def bare_shm_seconds(engine, receivers: int, repeats: int) -> float:
+    """Best time for `receivers` plain processes to map the exported tensors' handles and copy them."""
+    import subprocess
+
+    from slime_like.weights.tensor import TensorTransport, serialize_tensors
+
+    shareable = TensorTransport([], 1 << 30)._shareable  # the tensor transport's own choice of what to share
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHM_RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(receivers)
+    ]
+    best = float("inf")
+    try:
+        for i in range(repeats + 2):  # two warm-ups: sharing the parameters, then the staging copies
+            named = shareable(list(engine.export_hf_weights()))
+            start = time.perf_counter()
+            for proc in procs:
+                proc.stdin.write(serialize_tensors(named) + "\n")
+                proc.stdin.flush()
+            for proc in procs:
+                proc.stdout.readline()
+            if i >= 2:
+                best = min(best, time.perf_counter() - start)
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+    return best
+
+
 def transport(kind: str, urls: list[str], bucket: int, model: Path, directory: Path):
     """A transport of `kind` for these servers."""
     from slime_like.weights.disk import DiskTransport
@@ -123,8 +211,17 @@ def main(argv: list[str] | None = None) -> None:
         gb = nbytes / 1e9
         print(f"model: {model} ({gb * 1000:.0f} MB of {next(engine.model[0].parameters()).dtype} weights), "
               f"bucket {args.bucket_mb} MiB, best of {args.repeats}, {torch.get_num_threads()} torch thread(s)")  # fmt: skip
-        print(f"{'transport':<12}{'servers':>8}{'update s':>10}{'x copy':>8}{'send s':>9}{'GB/s':>7}{'x copy':>8}")
+        head = f"{'transport':<12}{'servers':>8}{'update s':>10}{'x copy':>8}{'send s':>9}{'GB/s':>7}{'x copy':>8}"
+        print(head + f"{'x medium':>10}")
         print(f"{'plain copy':<12}{'-':>8}{copy_s:>10.3f}{1.0:>8.2f}{copy_s:>9.3f}{gb / copy_s:>7.2f}{1.0:>8.2f}")
+        medium = {}
+        for count in args.servers:
+            medium["distributed", count] = bare_gloo_seconds(nbytes, count, args.repeats)
+            medium["tensor", count] = bare_shm_seconds(engine, count, args.repeats)
+            for kind in ("distributed", "tensor"):
+                name = {"distributed": "bare gloo", "tensor": "bare shm"}[kind]
+                t = medium[kind, count]
+                print(f"{name:<12}{count:>8}{'-':>10}{'-':>8}{t:>9.3f}{gb * count / t:>7.2f}{t / copy_s:>8.1f}")
         servers = [SGLangServer(model, dtype="float32", log_dir=work / "logs", startup_timeout=600)
                    for _ in range(max(args.servers))]  # fmt: skip
         version = [0]
@@ -138,9 +235,10 @@ def main(argv: list[str] | None = None) -> None:
                 for kind in args.transports:
                     full, send = time_updates(kind, urls, args, engine, model, work, version)
                     ratio = full / copy_s
+                    to_medium = f"{send / medium[kind, count]:>10.2f}" if (kind, count) in medium else f"{'-':>10}"
                     mark = "" if kind == "disk" else ("  goal met" if ratio <= GOAL else f"  goal <= {GOAL:g}x")
                     print(f"{kind:<12}{count:>8}{full:>10.3f}{ratio:>8.1f}{send:>9.3f}{gb * count / send:>7.2f}"
-                          f"{send / copy_s:>8.1f}{mark}", flush=True)  # fmt: skip
+                          f"{send / copy_s:>8.1f}{to_medium}{mark}", flush=True)  # fmt: skip
         finally:
             for server in servers:
                 server.stop()

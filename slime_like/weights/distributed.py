@@ -1,8 +1,8 @@
 """Distributed transport: trainer rank 0 broadcasts each bucket to every server over one process group.
 
 Servers join through /init_weights_update_group; for every bucket they are told names, dtypes and
-shapes by /update_weights_from_distributed (SGLang's "flattened_bucket" format) and receive the bucket
-as one flat broadcast (gloo on CPU, NCCL on GPU), the in-place path RL engines use when training and
+shapes by /update_weights_from_distributed and receive its tensors as broadcasts (gloo on CPU, NCCL
+on GPU), the in-place path RL engines use when training and
 rollout are on separate devices. Every wait is bounded by `timeout_s`: a dead or stalled server makes
 the update fail with WeightUpdateError, and the next update builds a fresh group.
 """
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from slime_like.process import free_port
-from slime_like.weights.base import NamedTensors, WeightTransport, buckets, flat_size, flatten_into
+from slime_like.weights.base import NamedTensors, WeightTransport, buckets
 from slime_like.weights.process_group import init_weight_sync_group
 from slime_like.weights.server_calls import WeightUpdateError, post
 
@@ -42,10 +42,8 @@ class DistributedTransport(WeightTransport):
         self.tp_per_server = tp_per_server
         self.master_address = master_address
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self.group: dist.ProcessGroup | None = None
         self.group_name = ""
-        self._buffer: torch.Tensor | None = None
 
     def connect(self) -> None:
         """Create the group: every server joins (in threads) while this process joins as rank 0."""
@@ -82,14 +80,13 @@ class DistributedTransport(WeightTransport):
             for join in joins:
                 join.result()
 
-    def _flat_buffer(self, nbytes: int) -> torch.Tensor:
-        """A reusable send buffer of at least `nbytes` (on the GPU with NCCL)."""
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = torch.empty(max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.device)
-        return self._buffer
-
     def send(self, named_tensors: NamedTensors, version: int) -> None:
-        """Per bucket: announce it to every server (HTTP, in threads) and broadcast it flattened."""
+        """Per bucket: announce it to every server (HTTP, in threads), then broadcast its tensors one by one.
+
+        Not SGLang's "flattened_bucket" format: for it the server allocates the bucket twice and
+        concatenates uninitialised tensors before receiving (measured on CPU: 0.50 s for 407 MB against
+        0.21 s per tensor, where a bare gloo broadcast of the bytes takes 0.10-0.16 s).
+        """
         if self.group is None:
             self.connect()
         with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
@@ -99,16 +96,18 @@ class DistributedTransport(WeightTransport):
                     "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                     "shapes": [list(t.shape) for _, t in bucket],
                     "group_name": self.group_name,
-                    "load_format": "flattened_bucket",
                     "flush_cache": False,
                 }
-                flat, _ = flatten_into(bucket, self._flat_buffer(flat_size(bucket)))
                 answers = [
                     pool.submit(post, url, "/update_weights_from_distributed", payload, self.timeout_s)
                     for url in self.server_urls
                 ]
                 try:
-                    dist.broadcast(flat, group_src=0, group=self.group)
+                    works = [
+                        dist.broadcast(t.contiguous(), group_src=0, group=self.group, async_op=True) for _, t in bucket
+                    ]
+                    for work in works:
+                        work.wait()
                 except Exception as exc:
                     raise WeightUpdateError(f"broadcast to the servers failed: {exc!r}") from exc
                 for answer in answers:

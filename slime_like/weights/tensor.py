@@ -67,6 +67,8 @@ class TensorTransport(WeightTransport):
         self.tp_per_server = tp_per_server
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self._buffers: list[torch.Tensor] = []
+        self._storage_of: dict[str, int] = {}  # name -> storage address at the last update
+        self._staging: dict[str, torch.Tensor] = {}  # name -> shared tensor for a conversion temporary
         _prepare_sharing()
 
     def _new_buffer(self, nbytes: int) -> torch.Tensor:
@@ -89,12 +91,33 @@ class TensorTransport(WeightTransport):
             return
         with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
             for bucket in buckets(named_tensors, self.bucket_bytes):
+                bucket = self._shareable(bucket)
                 answers = [
                     pool.submit(post, url, "/update_weights_from_tensor", self._payload(bucket), self.timeout_s)
                     for url in self.server_urls
                 ]
                 for answer in answers:  # the bucket's tensors may be temporaries: keep them until read
                     answer.result()
+
+    def _shareable(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """The bucket with conversion temporaries swapped for reused shared copies (CPU).
+
+        A tensor exported as a view of a Megatron parameter keeps its storage, which moves to shared
+        memory once. One rebuilt by the conversion (Megatron's interleaved QKV split into q, k, v) is new
+        every update: sharing it would create and fault in a fresh shared-memory file each time (~2.5 ms
+        per MB, more than the copy), so from the second update on it is copied into a staging tensor.
+        """
+        out = []
+        for name, tensor in bucket:
+            address = tensor.untyped_storage().data_ptr()
+            if name in self._staging or self._storage_of.get(name, address) != address:
+                stage = self._staging.get(name)
+                if stage is None or stage.shape != tensor.shape or stage.dtype != tensor.dtype:
+                    stage = self._staging[name] = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
+                tensor = stage.copy_(tensor)
+            self._storage_of[name] = address
+            out.append((name, tensor))
+        return out
 
     def _send_flattened(self, named_tensors: NamedTensors) -> None:
         """Per bucket: fill a device buffer, POST its handle to every server; two buckets in flight."""
@@ -135,3 +158,5 @@ class TensorTransport(WeightTransport):
     def close(self) -> None:
         """Free the shared buffers."""
         self._buffers.clear()
+        self._staging.clear()
+        self._storage_of.clear()

@@ -111,6 +111,25 @@ def test_update_moves_servers_to_trainer_weights(kind, servers, engine, tmp_path
         assert weight_version(url) == str(version)
 
 
+@pytest.mark.parametrize("kind", ["distributed", "tensor"])
+def test_one_transport_keeps_servers_current_over_updates(kind, servers, engine, tmp_path, tiny_qwen3) -> None:
+    """Three train-then-update rounds on one transport: the tensor transport shares parameters once and,
+    from the second update on, copies conversion temporaries (q/k/v) into reused staging tensors."""
+    urls = [s.url for s in servers]
+    transport = make_transport(kind, urls, tiny_qwen3, tmp_path / "weights")
+    try:
+        for _ in range(3):
+            train_one_step(engine)
+            expected = engine.forward_logprobs([SEQUENCE])[0]
+            transport.update(engine.export_hf_weights(), next(VERSIONS))
+            for url in urls:
+                assert (served_logprobs(url, SEQUENCE) - expected).abs().max() < TOLERANCE, url
+        if kind == "tensor":
+            assert any(name.endswith("self_attn.q_proj.weight") for name in transport._staging)
+    finally:
+        transport.close()
+
+
 def test_update_aborts_in_flight_generation_and_continues(servers, engine, tiny_qwen3, tmp_path) -> None:
     """A long request running when the update starts is aborted (returns what it has); generation works after."""
     url = servers[0].url
