@@ -31,9 +31,6 @@ CPU_ENV = {
 }
 # Without a cap SGLang reserves a ~15 GB KV cache on CPU and takes ~55 s to start.
 CPU_MAX_TOTAL_TOKENS = 65536
-# SGLang derives a gRPC port as port + 10000 and refuses to start if that exceeds 65535, even with gRPC off;
-# the OS hands out ports up to 60999, so free ports are drawn from a range that keeps port + 10000 valid.
-PORT_RANGE = (20000, 55000)
 
 
 def cuda_available() -> bool:
@@ -133,7 +130,7 @@ class SGLangServer:
             raise RuntimeError(f"SGLang server at {self.url} was already started")
         validate_model_path(self.model_path)
         if self.port is None:
-            self.port = free_port(self.host, *PORT_RANGE)
+            self.port = free_port(self.host)  # LISTEN_PORTS: port + 10000 (SGLang's gRPC port) stays valid
         if self.port + 10000 > 65535 and "SGLANG_GRPC_PORT" not in os.environ:
             raise ValueError(
                 f"SGLang port {self.port} is too high: SGLang derives a gRPC port as port + 10000 and refuses one "

@@ -44,12 +44,16 @@ class ProcessStartError(RuntimeError):
         self.pid, self.returncode, self.log_path = pid, returncode, log_path
 
 
+# Listening ports are drawn below Linux's ephemeral range (32768-60999): an OS-chosen port comes from
+# that range, where any outgoing connection (the rollout's HTTP clients make many) can take it as its
+# source port between our check and the server's bind ("Address already in use" at start-up).
+LISTEN_PORTS = (20000, 32000)
+
+
 def free_port(host: str = "127.0.0.1", low: int | None = None, high: int | None = None) -> int:
-    """A port free on `host` right now, OS-chosen or drawn from [low, high) (another process may still take it)."""
-    if low is None or high is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            return sock.getsockname()[1]
+    """A port free on `host` right now, drawn from [low, high) (default LISTEN_PORTS); another process may
+    still take it before it is bound, but not as an outgoing connection's source port."""
+    low, high = (low, high) if low is not None and high is not None else LISTEN_PORTS
     for port in random.sample(range(low, high), min(200, high - low)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:

@@ -50,5 +50,6 @@ def tiny_qwen2_untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3-MoE checkpoint (4 experts, top-2)."""
-    return _make_tiny(tmp_path_factory, "qwen3_moe")
+    """A tiny Qwen3-MoE checkpoint (4 experts, top-2), untied like every released Qwen3-MoE (SGLang's
+    Qwen3-MoE ignores tie_word_embeddings and would serve a random LM head)."""
+    return _make_tiny(tmp_path_factory, "qwen3_moe", tie_word_embeddings=False)

@@ -22,34 +22,25 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def moe_untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3-MoE (4 experts, top-2) with its own LM head."""
-    from tools.make_tiny_model import make_tiny_model, parse_args
-
-    out = tmp_path_factory.mktemp("tiny-qwen3-moe-untied")
-    return make_tiny_model(parse_args(["--out", str(out), "--family", "qwen3_moe", "--no-tie-word-embeddings"]))
-
-
-@pytest.fixture(scope="module")
-def servers(moe_untied: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SGLangServer]]:
+def servers(tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SGLangServer]]:
     """The updated server and the reference one, both starting from the same checkpoint."""
-    yield from serve_two(moe_untied, tmp_path_factory.mktemp("logs"))
+    yield from serve_two(tiny_qwen3_moe, tmp_path_factory.mktemp("logs"))
 
 
 @pytest.fixture(scope="module")
-def engine(moe_untied: Path):
-    return trainable_engine(moe_untied)
+def engine(tiny_qwen3_moe: Path):
+    return trainable_engine(tiny_qwen3_moe)
 
 
 @pytest.mark.parametrize(("kind", "version"), [("distributed", 1), ("tensor", 2)])
-def test_moe_update_equals_a_server_loading_the_export(kind, version, servers, engine, moe_untied, tmp_path):
+def test_moe_update_equals_a_server_loading_the_export(kind, version, servers, engine, tiny_qwen3_moe, tmp_path):
     updated, reference = (s.url for s in servers)
     before = served_logprobs(updated, SEQUENCE)
     assert (before - engine.forward_logprobs([SEQUENCE])[0]).abs().max() < 1e-4
     train_one_step(engine)
     # Experts are many small tensors: small buckets make an update span many of them.
     for url, how in ((updated, kind), (reference, "disk")):
-        transport = make_transport(how, [url], moe_untied, tmp_path / "weights", bucket_bytes=32 * 1024)
+        transport = make_transport(how, [url], tiny_qwen3_moe, tmp_path / "weights", bucket_bytes=32 * 1024)
         try:
             transport.update(engine.export_hf_weights(), version)
         finally:
