@@ -46,6 +46,7 @@ class TrainActor:
             MASTER_PORT=str(master_port),
         )
         from slime_like.megatron.engine import MegatronTrainEngine
+        from slime_like.megatron.offload import TrainerOffload, materialize_optimizer_state
         from slime_like.megatron.parallel import init_parallel
 
         self.args = args
@@ -55,24 +56,33 @@ class TrainActor:
             args.pipeline_model_parallel_size,
             args.expert_model_parallel_size,
             seed=args.seed,
+            cp=args.context_parallel_size,
+            sequence_parallel=args.sequence_parallel,
         )
         common = {
             "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
             "dtype": torch.bfloat16 if args.bf16 else torch.float32,
         }
-        self.engine = MegatronTrainEngine(
-            args.hf_checkpoint, self._optimizer_settings(args.lr), temperature=args.rollout_temperature, **common
-        )
-        # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
-        # value head (mbridge's value model), its own optimizer and learning rate.
-        self.critic = None
-        if args.advantage_estimator == "ppo" and args.loss_type != "sft_loss":
-            critic_lr = args.critic_lr if args.critic_lr is not None else args.lr
-            self.critic = MegatronTrainEngine(
-                args.hf_checkpoint, self._optimizer_settings(critic_lr), value_head=True, **common
+        # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
+        self.memory = TrainerOffload(args.offload_train)
+        with self.memory.region():
+            self.engine = MegatronTrainEngine(
+                args.hf_checkpoint, self._optimizer_settings(args.lr), temperature=args.rollout_temperature, **common
             )
-        # The reference policy is a frozen copy of the starting weights, swapped in for its forward.
-        self.ref_weights = self._snapshot() if args.use_kl_loss or args.kl_coef else None
+            # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
+            # value head (mbridge's value model), its own optimizer and learning rate.
+            self.critic = None
+            if args.advantage_estimator == "ppo" and args.loss_type != "sft_loss":
+                critic_lr = args.critic_lr if args.critic_lr is not None else args.lr
+                self.critic = MegatronTrainEngine(
+                    args.hf_checkpoint, self._optimizer_settings(critic_lr), value_head=True, **common
+                )
+            # The reference policy is a frozen copy of the starting weights, swapped in for its forward.
+            self.ref_weights = self._snapshot() if args.use_kl_loss or args.kl_coef else None
+            if self.memory.enabled:  # Adam's moments would otherwise appear at the first step, outside the region
+                for engine in (self.engine, self.critic):
+                    if engine is not None:
+                        materialize_optimizer_state(engine.optimizer)
         if args.loss_type == "sft_loss":
             self.loss_fn = sft_loss_fn()
         elif args.loss_type == "custom_loss":
@@ -309,6 +319,14 @@ class TrainActor:
         }
         fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
         return WeightUpdater(factories, kind, fallback, args.update_weight_retries, self.rank)
+
+    def offload(self) -> dict[str, float]:
+        """Colocated on GPU: move weights, gradient buffers and optimizer states off the GPU (servers generate)."""
+        return self.memory.offload()
+
+    def onload(self) -> dict[str, float]:
+        """Bring them back before log-probs and training; returns the memory accounting (empty when off)."""
+        return self.memory.onload()
 
     def save(self, directory: str) -> None:
         """Megatron distributed checkpoint of model, optimizer and RNG (the critic's next to it)."""

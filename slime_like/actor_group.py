@@ -48,6 +48,15 @@ class TrainGroup:
         """Push weights into the servers; returns seconds taken on rank 0."""
         return self._all("update_weights", server_urls, version, transport, output_dir)
 
+    def offload(self) -> dict[str, float]:
+        """Colocated on GPU: every rank moves its weights, gradients and optimizer states off the GPU; rank 0's
+        memory accounting (GiB) is returned."""
+        return self._all("offload")
+
+    def onload(self) -> dict[str, float]:
+        """Every rank takes them back before log-probs and training; rank 0's memory accounting."""
+        return self._all("onload")
+
     def save(self, directory: str) -> None:
         """Collective Megatron checkpoint."""
         self._all("save", directory)

@@ -14,6 +14,7 @@ from slime_like.training_arguments import (
     add_checkpoint_arguments,
     add_megatron_arguments,
     validate_algorithm_args,
+    validate_megatron_args,
 )
 
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_arguments(parser)
     add_rollout_arguments(parser)
     add_megatron_arguments(parser)
+    add_offload_arguments(parser)
     add_algorithm_arguments(parser)
     add_model_arguments(parser)
     add_plan_arguments(parser)
@@ -44,6 +46,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--ray-num-cpus", type=int, default=8, help="logical CPUs of a local Ray instance")
     return parser
+
+
+def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the trainer's GPU memory goes between phases of a colocated run."""
+    g = parser.add_argument_group("colocated GPU memory")
+    g.add_argument(
+        "--offload-train",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --colocate on GPU: the trainer's weights, gradient buffers and optimizer states leave the GPU "
+        "while the servers generate and come back before log-probs and training (needs torch_memory_saver). "
+        "Default: on with --colocate when CUDA is present, else off. Without CUDA it is accepted and does "
+        "nothing (one log line says so)",
+    )
+
+
+def resolve_offload_train(args: argparse.Namespace, cuda: bool | None = None) -> None:
+    """Fill --offload-train's default and check it can work here (torch_memory_saver on CUDA machines)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if args.offload_train is None:
+        args.offload_train = bool(args.colocate and cuda)
+    if args.offload_train and not args.colocate:
+        raise ArgumentError(
+            "--offload-train frees the trainer's GPU memory for colocated servers: it needs --colocate "
+            "(or drop --offload-train)"
+        )
+    if args.offload_train and cuda:
+        from slime_like.megatron.offload import memory_saver_problem
+
+        problem = memory_saver_problem()
+        if problem:
+            raise ArgumentError(problem)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,5 +133,7 @@ def validate(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
     if args.eval_interval and not args.eval_prompt_data:
         raise ArgumentError("--eval-interval needs --eval-prompt-data")
+    resolve_offload_train(args)
+    validate_megatron_args(args)
     validate_algorithm_args(args)
     validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts

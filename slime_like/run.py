@@ -33,7 +33,11 @@ class Run:
         self.trainer = TrainGroup(args, placement)
         self.server_urls = ray.get(self.rollout.server_urls.remote())
         self.metrics = MetricsLogger(args.output_dir, args, args.use_tensorboard, args.use_wandb)
+        # Colocated on GPU the trainer's memory leaves the GPU while the servers generate (--offload-train).
+        self.offload_train = args.offload_train and self.use_gpu
+        self.pending_metrics: dict[str, Any] = {}  # reported with the next step's metrics
         self.start_rollout = self._load() if args.load else 0
+        self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
 
     def generate(self, rollout_id: int) -> ray.ObjectRef:
         """Start one rollout; `ray.get` the handle for (groups, metrics)."""
@@ -44,19 +48,29 @@ class Run:
         groups, metrics = ray.get(rollout)
         data = build_train_data(groups, reward_key=self.args.reward_key)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
-        offload = self.args.colocate and self.use_gpu
-        if offload:
+        colocated_gpu = self.args.colocate and self.use_gpu
+        if colocated_gpu:
             ray.get(self.rollout.release_memory.remote())
+        if self.offload_train:
+            metrics.update(self.trainer.onload())
         metrics.update(self.trainer.train(rollout_id, data))
-        if offload:
+        if colocated_gpu:
             ray.get(self.rollout.resume_memory.remote())
         return metrics
 
     def update_weights(self, rollout_id: int) -> float:
-        """Push the trained weights into every server, tagged with version rollout_id + 1."""
-        return self.trainer.update_weights(
+        """Push the trained weights into every server, tagged with version rollout_id + 1; then, with
+        --offload-train, the trainer's memory leaves the GPU until the next train."""
+        seconds = self.trainer.update_weights(
             self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir
         )
+        self._offload_trainer()
+        return seconds
+
+    def _offload_trainer(self) -> None:
+        """With --offload-train on GPU: trainer memory off the GPU (no-op when already off); keep the accounting."""
+        if self.offload_train:
+            self.pending_metrics.update(self.trainer.offload())
 
     def evaluate(self, rollout_id: int, force: bool = False) -> dict[str, Any]:
         """Eval metrics when due (every --eval-interval rollouts, before the first, and when forced)."""
@@ -91,7 +105,10 @@ class Run:
         return rollout_id + 1
 
     def log(self, rollout_id: int, metrics: dict[str, Any], step_start: float | None = None) -> None:
-        """Record the step's metrics (nothing when there are none); with a start time, also the step time."""
+        """Record the step's metrics and any pending offload accounting (nothing when there are none); with a
+        start time, also the step time."""
+        metrics = {**self.pending_metrics, **metrics}
+        self.pending_metrics = {}
         if not metrics:
             return
         if step_start is not None:

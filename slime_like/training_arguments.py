@@ -14,7 +14,17 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--expert-tensor-parallel-size", type=int, default=None, help="default: the TP size")
     g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None, help="layers of the first PP stage")
     g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None, help="layers of the last PP stage")
-    g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument(
+        "--context-parallel-size",
+        type=int,
+        default=1,
+        help="split every sequence over this many ranks (zig-zag; needs CUDA with Transformer Engine)",
+    )
+    g.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="split activations outside attention/MLP over the TP ranks (needs TP > 1 and Transformer Engine)",
+    )
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--seed", type=int, default=1234)
@@ -106,6 +116,17 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--num-critic-only-steps", type=int, default=0, help="first N rollouts train only the critic (warm-up)"
     )
+
+
+def validate_megatron_args(args: argparse.Namespace) -> None:
+    """Reject Megatron parallel settings that cannot run, naming the flags (the device checks come at start)."""
+    if args.context_parallel_size < 1:
+        _error(f"--context-parallel-size {args.context_parallel_size} must be >= 1")
+    if args.sequence_parallel and args.tensor_model_parallel_size < 2:
+        _error(
+            "--sequence-parallel splits activations over tensor-parallel ranks: it needs "
+            "--tensor-model-parallel-size > 1"
+        )
 
 
 def _error(message: str) -> None:

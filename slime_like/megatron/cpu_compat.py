@@ -61,6 +61,11 @@ class CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def transformer_engine_available() -> bool:
+    """Whether Megatron's Transformer Engine layer spec can run here: CUDA and transformer_engine installed."""
+    return ON_CUDA and importlib.util.find_spec("transformer_engine") is not None
+
+
 def _mode_active() -> bool:
     return any(isinstance(m, CudaToCpuMode) for m in _get_current_function_mode_stack())
 
@@ -129,9 +134,13 @@ def _cpu_moe_dispatcher() -> None:
     MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = dtoh_and_synchronize
 
 
-def transformer_config_overrides(local_spec: bool) -> dict[str, Any]:
-    """TransformerConfig fields for Megatron's local layer spec and for the CPU (none: TE on CUDA)."""
-    overrides: dict[str, Any] = {}
+def transformer_config_overrides(local_spec: bool, sequence_parallel: bool = False) -> dict[str, Any]:
+    """TransformerConfig fields for Megatron's local layer spec and for the CPU; with TE, sequence_parallel.
+
+    mbridge turns sequence parallel on whenever TP > 1; here it follows --sequence-parallel (Megatron's
+    default, off) on the TE spec, and is always off on the local spec.
+    """
+    overrides: dict[str, Any] = {"sequence_parallel": sequence_parallel and not local_spec}
     if local_spec:
         overrides.update(
             # Fused kernels come from apex/TE, which the local spec runs without.
@@ -146,9 +155,8 @@ def transformer_config_overrides(local_spec: bool) -> dict[str, Any]:
             moe_grouped_gemm=False,
             # Overlapping shared experts runs them on a second CUDA stream.
             moe_shared_expert_overlap=False,
-            # torch LayerNorm/RMSNorm assert on these.
+            # torch LayerNorm/RMSNorm assert on this (and on sequence_parallel, off above).
             persist_layer_norm=False,
-            sequence_parallel=False,
         )
     if not ON_CUDA:
         overrides.update(

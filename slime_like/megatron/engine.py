@@ -5,15 +5,23 @@ Batches are lists of variable-length token sequences. The caller always passes t
 deterministic), packs each rank's share into micro-batches of at most `max_tokens_per_micro_batch`
 tokens, and runs Megatron's forward-backward schedule (1F1B when PP > 1).
 
+Micro-batch layout (packing.py): "thd" with Transformer Engine (one row, PackedSeqParams, each sequence
+padded for sequence/context parallel), "packed" on Megatron's local spec (one row, block-diagonal mask);
+"padded" (a row per sequence) is the fallback, chosen with layout= or SLIME_LIKE_MICRO_BATCH_LAYOUT.
+With context parallel each CP rank runs its zig-zag share of every micro-batch and the per-sequence
+outputs are gathered back in full on every CP rank (context_parallel.py).
+
 Loss normalisation in `train_step`: `loss_fn` returns its micro-batch's share of the global objective,
 already divided by the global normaliser (e.g. the token count of the whole batch, which the caller
-can compute because it holds the whole batch). The engine multiplies each share by
-num_microbatches * dp_size before Megatron divides by num_microbatches and DDP averages over DP, so
-the gradient is exactly the gradient of the sum of shares over all micro-batches and DP ranks.
+can compute because it holds the whole batch). The engine multiplies each share by loss_rescale(), which
+undoes Megatron's averaging, so the gradient is exactly the gradient of the sum of shares over all
+micro-batches and DP ranks (each CP rank computes the same shares; see context_parallel.py for why
+they count once).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
@@ -22,15 +30,52 @@ from typing import Any
 
 import torch
 
+from slime_like.megatron import context_parallel as cp_lib
 from slime_like.megatron import model as model_lib
-from slime_like.megatron.cpu_compat import cuda_to_cpu
+from slime_like.megatron.cpu_compat import ON_CUDA, cuda_to_cpu
 from slime_like.megatron.logprobs import logprobs_and_entropy
 from slime_like.megatron.optimizer import OptimizerSettings, build_optimizer
-from slime_like.megatron.packing import MicroBatch, pack, split_for_dp, split_micro_batches
+from slime_like.megatron.packing import (
+    MicroBatch,
+    pack,
+    pad_multiple,
+    padded_length,
+    split_for_dp,
+    split_micro_batches,
+)
 from slime_like.megatron.parallel import share_from_last_stage
 
 # loss_fn(logprobs_per_seq, data_per_seq[, entropy=entropy_per_seq]) -> share | (share, metrics)
 LossFn = Callable[..., torch.Tensor | tuple[torch.Tensor, dict[str, Any]]]
+
+
+LAYOUT_ENV = "SLIME_LIKE_MICRO_BATCH_LAYOUT"
+
+
+def choose_layout(requested: str | None, transformer_engine: bool) -> str:
+    """The micro-batch layout: requested (or $SLIME_LIKE_MICRO_BATCH_LAYOUT), else "thd" with TE, "packed" without."""
+    requested = requested or os.environ.get(LAYOUT_ENV) or None
+    # TE's causal attention ignores an explicit mask (no "packed"); Megatron's local attention refuses
+    # PackedSeqParams (no "thd").
+    allowed = ("thd", "padded") if transformer_engine else ("packed", "padded")
+    if requested is None:
+        return allowed[0]
+    if requested not in allowed:
+        backend = "Transformer Engine" if transformer_engine else "Megatron's local attention (no CUDA/TE)"
+        raise ValueError(f"micro-batch layout {requested!r} ({LAYOUT_ENV}) does not work with {backend}: use {allowed}")
+    return requested
+
+
+def loss_rescale(num_microbatches: int) -> int:
+    """What a loss share is multiplied by so that Megatron's scaling leaves the plain sum of shares.
+
+    Megatron's schedule multiplies a (loss, metrics) result by the CP size and divides it by
+    num_microbatches (forward_step_calc_loss); DDP averages gradients over DP x CP. So: x num_mb x DP.
+    """
+    from megatron.core import parallel_state as mpu
+
+    dp_cp = mpu.get_data_parallel_world_size(with_context_parallel=True)
+    return num_microbatches * dp_cp // mpu.get_context_parallel_world_size()
 
 
 def _sum_dicts(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -72,6 +117,13 @@ def _value_heads_hidden(model: list[torch.nn.Module]) -> Iterator[None]:
             chunk.output_layer = head
 
 
+def _on_device(item: Any, device: torch.device) -> Any:
+    """A loss function's per-sequence data with its tensors on the logits' device (rows are built on CPU)."""
+    if isinstance(item, dict):
+        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in item.items()}
+    return item
+
+
 class MegatronTrainEngine:
     """A Megatron actor backend: log-probs, train steps, HF export and checkpoints of one model."""
 
@@ -83,13 +135,16 @@ class MegatronTrainEngine:
         dtype: torch.dtype = torch.float32,
         temperature: float = 1.0,
         value_head: bool = False,
+        layout: str | None = None,
         **config_overrides: Any,
     ) -> None:
         """Build the model from an HF checkpoint (after init_parallel); optimizer=None: forward only.
 
         value_head=True builds a critic: the output layer is a zero-initialised hidden -> 1 linear
         (mbridge's value model), and the per-sequence outputs are values instead of log-probs.
+        layout: the micro-batch layout (choose_layout; None picks the fast one for the attention used).
         """
+        from megatron.core import parallel_state as mpu
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.utils import get_model_config
 
@@ -97,16 +152,25 @@ class MegatronTrainEngine:
         self.temperature = temperature
         self.value_head = value_head
         self.bridge = model_lib.make_bridge(hf_dir, dtype, **config_overrides)
+        self.transformer_engine = model_lib.uses_transformer_engine(self.bridge)
+        self.layout = choose_layout(layout, self.transformer_engine)
+        self.cp_size = mpu.get_context_parallel_world_size()
+        if self.cp_size > 1 and self.layout != "thd":
+            raise ValueError(
+                f"--context-parallel-size {self.cp_size} needs the 'thd' micro-batch layout, not {self.layout!r}"
+            )
         if value_head:
             self.bridge.get_model = partial(self.bridge.get_model, post_model_creation_callbacks=[_value_head])
         distributed_optimizer = optimizer is not None and optimizer.use_distributed_optimizer
         self.model = model_lib.build_model(self.bridge, optimizer is not None, distributed_optimizer)
         with _value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
-        # TE's causal attention ignores explicit masks: give it one right-padded row per sequence.
-        self.layout = "padded" if model_lib.uses_transformer_engine(self.bridge) else "packed"
         self.optimizer = self.scheduler = None
         config = get_model_config(self.model[0])
+        # Sequences are padded so that the CP split and the SP split of every micro-batch come out even.
+        tp = mpu.get_tensor_model_parallel_world_size()
+        self.pad_multiple = pad_multiple(tp, self.cp_size, config.sequence_parallel)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if ON_CUDA else torch.device("cpu")
         if optimizer is not None:
             # Weights are loaded first: the optimizer copies them into its main (fp32) params.
             self.optimizer, self.scheduler = build_optimizer(self.model, optimizer, dtype)
@@ -147,20 +211,12 @@ class MegatronTrainEngine:
         entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward."""
         assert self.optimizer is not None, "engine was built without an optimizer"
         assert len(per_sequence_data) == len(sequences), "one data item per sequence"
-        from megatron.core import parallel_state as mpu
-
         for m in self.model:
             m.train()
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
-        scale = mpu.get_data_parallel_world_size()  # times num_microbatches, set in _run
         compute = partial(
-            self._loss,
-            data=per_sequence_data,
-            loss_fn=loss_fn,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-            dp_scale=scale,
+            self._loss, data=per_sequence_data, loss_fn=loss_fn, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
         stores = self._run(sequences, compute, forward_only=False)
         with cuda_to_cpu():
@@ -199,6 +255,8 @@ class MegatronTrainEngine:
         from megatron.core import parallel_state as mpu
 
         lengths = [len(s) for s in sequences]
+        if self.layout == "thd":  # budgets count the padding each sequence gets
+            lengths = [padded_length(n, self.pad_multiple) for n in lengths]
         shares = split_for_dp(lengths, mpu.get_data_parallel_world_size())
         plans = [split_micro_batches(share, lengths, self.max_tokens) for share in shares]
         count = max(1, *(len(p) for p in plans))
@@ -207,10 +265,16 @@ class MegatronTrainEngine:
             count = -(-count // pp) * pp
         mine = plans[mpu.get_data_parallel_rank()]
         mine = mine + [[] for _ in range(count - len(mine))]
-        return [pack(sequences, ids, self.layout) for ids in mine]
+        return [pack(sequences, ids, self.layout, self.pad_multiple) for ids in mine]
+
+    def _shard(self, mb: MicroBatch) -> cp_lib.CPShard | None:
+        """This CP rank's zig-zag share of a micro-batch (None without context parallel)."""
+        from megatron.core import parallel_state as mpu
+
+        return cp_lib.shard(mb, self.cp_size, mpu.get_context_parallel_rank()) if self.cp_size > 1 else None
 
     def _run(self, sequences, compute: Callable, forward_only: bool) -> list[dict]:
-        """Run Megatron's forward-backward schedule; `compute(mb, num_mb, output)` is the loss function."""
+        """Run Megatron's forward-backward schedule; `compute(mb, shard, num_mb, output)` is the loss function."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micro_batches = self._plan(sequences)
@@ -218,9 +282,17 @@ class MegatronTrainEngine:
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            mask = None if self.layout == "padded" else mb.attention_mask
-            output = model(mb.tokens, mb.position_ids, mask)
-            return output, partial(compute, mb, num_mb)
+            shard = self._shard(mb)
+            tokens, positions = (mb.tokens, mb.position_ids) if shard is None else (shard.tokens, shard.position_ids)
+            # TE's causal attention ignores an explicit mask; THD boundaries travel in packed_seq_params.
+            mask = None if self.transformer_engine or mb.attention_mask is None else mb.attention_mask.to(self.device)
+            output = model(
+                tokens.to(self.device),
+                positions.to(self.device),
+                mask,
+                packed_seq_params=mb.packed_seq_params(self.device),
+            )
+            return output, partial(compute, mb, shard, num_mb)
 
         iterators = [iter(micro_batches) for _ in self.model]
         with cuda_to_cpu():
@@ -234,18 +306,35 @@ class MegatronTrainEngine:
                 forward_only=forward_only,
             )
 
-    def _outputs(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool, entropy_grad: bool = True):
+    def _per_sequence(self, mb: MicroBatch, shard: cp_lib.CPShard | None, values: torch.Tensor) -> list[torch.Tensor]:
+        """Per-sequence values from per-position ones (this CP rank's positions: gathered in full first)."""
+        if shard is not None:
+            from megatron.core import parallel_state as mpu
+
+            values = cp_lib.gather(values, shard, mpu.get_context_parallel_group())
+        return mb.per_sequence(values)
+
+    def _outputs(
+        self,
+        mb: MicroBatch,
+        shard: cp_lib.CPShard | None,
+        logits: torch.Tensor,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+    ):
         """Per-sequence log-probs (and entropies) of one micro-batch from its logits; values for a critic."""
         if self.value_head:  # outputs are [rows, T, 1] values: position j values the state before token j+1
-            return mb.per_sequence(logits[..., 0].float()), None
+            return self._per_sequence(mb, shard, logits[..., 0].float()), None
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        logprobs, entropy = logprobs_and_entropy(logits, mb.tokens, with_entropy, entropy_grad)
-        return mb.per_sequence(logprobs), None if entropy is None else mb.per_sequence(entropy)
+        targets = (mb.targets if shard is None else shard.targets).to(logits.device)
+        logprobs, entropy = logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
+        entropy = None if entropy is None else self._per_sequence(mb, shard, entropy)
+        return self._per_sequence(mb, shard, logprobs), entropy
 
-    def _collect(self, mb: MicroBatch, num_mb: int, logits: torch.Tensor, with_entropy: bool):
+    def _collect(self, mb: MicroBatch, shard, num_mb: int, logits: torch.Tensor, with_entropy: bool):
         """Forward-only loss function: store per-sequence outputs by batch index."""
-        logprobs, entropy = self._outputs(mb, logits, with_entropy)
+        logprobs, entropy = self._outputs(mb, shard, logits, with_entropy)
         entropy = entropy or [None] * len(logprobs)
         real = [i for i in mb.indices if i >= 0]
         store = {
@@ -253,17 +342,16 @@ class MegatronTrainEngine:
         }
         return logits.new_zeros(()), store
 
-    def _loss(self, mb, num_mb, logits, data, loss_fn: LossFn, with_entropy: bool, entropy_grad: bool, dp_scale: int):
+    def _loss(self, mb, shard, num_mb, logits, data, loss_fn: LossFn, with_entropy: bool, entropy_grad: bool):
         """Training loss function: the user's share, rescaled to survive Megatron's averaging."""
         real = [i for i in mb.indices if i >= 0]
         metrics: dict[str, Any] = {}
         if not real:
             share = logits.sum() * 0.0  # filler micro-batch: zero gradient, but a graph to backprop
         else:
-            logprobs, entropy = self._outputs(mb, logits, with_entropy, entropy_grad)
+            logprobs, entropy = self._outputs(mb, shard, logits, with_entropy, entropy_grad)
             kwargs = {"entropy": entropy} if with_entropy else {}
-            result = loss_fn(logprobs, [data[i] for i in real], **kwargs)
+            result = loss_fn(logprobs, [_on_device(data[i], logits.device) for i in real], **kwargs)
             share, metrics = result if isinstance(result, tuple) else (result, {})
         reported = {"loss": share.detach(), **{k: torch.as_tensor(v).detach() for k, v in metrics.items()}}
-        # Megatron divides by num_microbatches and DDP averages over DP: undo both.
-        return share * (num_mb * dp_scale), reported
+        return share * loss_rescale(num_mb), reported

@@ -8,11 +8,10 @@ import torch
 import torch.distributed as dist
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Log-prob of tokens[:, j+1] at position j from vocab-parallel logits [rows, T, V/tp] (last: 0)."""
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-prob of targets[:, j] at position j from vocab-parallel logits [rows, T, V/tp]."""
     from megatron.core import tensor_parallel
 
-    targets = torch.roll(tokens, -1, dims=1)
     # vocab_parallel_cross_entropy works in place on its input: give it a float copy.
     return -tensor_parallel.vocab_parallel_cross_entropy(logits.to(torch.float32, copy=True), targets)
 
@@ -51,10 +50,13 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def logprobs_and_entropy(
-    logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool, entropy_grad: bool = True
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """token_logprobs [and vocab_parallel_entropy] of [rows, T, V/tp] logits; entropy without a graph
-    when entropy_grad is False. Without TP both come from one log-softmax (one pass over the vocabulary)."""
+    when entropy_grad is False. Without TP both come from one log-softmax (one pass over the vocabulary).
+
+    targets[:, j] is the token position j predicts (the next token of its sequence: MicroBatch.targets,
+    or with context parallel the full sequence's next token at each local position)."""
     from megatron.core import parallel_state as mpu
 
     grad_context = nullcontext() if entropy_grad else torch.no_grad()
@@ -63,9 +65,9 @@ def logprobs_and_entropy(
         if with_entropy:
             with grad_context:
                 entropy = vocab_parallel_entropy(logits)
-        return token_logprobs(logits, tokens), entropy
+        return token_logprobs(logits, targets), entropy
     log_p = torch.log_softmax(logits.float(), dim=-1)
-    logprobs = log_p.gather(-1, torch.roll(tokens, -1, dims=1).unsqueeze(-1)).squeeze(-1)
+    logprobs = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with grad_context:

@@ -7,6 +7,9 @@ builds the TransformerConfig and the GPTModel; the fixes it needs are made here 
 - mbridge always builds the Transformer Engine layer spec; without CUDA+TE we swap in Megatron's local
   spec (separate layer-norm modules, SequentialMLP experts), whose names the registry maps directly;
   its core attention assumes q/k and v heads of kv_channels, so MLA gets a subclass taking its sizes.
+  The local spec cannot run context or sequence parallel: make_bridge refuses them with the flag's name.
+- mbridge takes the TP/PP/CP/EP sizes from Megatron's parallel state, but turns sequence parallel on
+  whenever TP > 1: here it follows --sequence-parallel (init_parallel) instead.
 - Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16): bridges.py.
 """
 
@@ -21,18 +24,28 @@ from transformers import AutoConfig
 
 from slime_like.megatron import hf_weights
 from slime_like.megatron.bridges import fix_hf_config
-from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, cuda_to_cpu, transformer_config_overrides
+from slime_like.megatron.cpu_compat import (
+    ON_CUDA,
+    apply_cpu_compat,
+    cuda_to_cpu,
+    transformer_config_overrides,
+    transformer_engine_available,
+)
 from slime_like.megatron.families import family_of
+from slime_like.megatron.parallel import check_sequence_parallel, sequence_parallel_enabled
 
 
-def _use_transformer_engine() -> bool:
-    if not ON_CUDA:
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _check_context_parallel(local_spec: bool) -> None:
+    """Megatron's local DotProductAttention asserts context_parallel_size == 1: say what to change."""
+    from megatron.core import parallel_state as mpu
+
+    cp = mpu.get_context_parallel_world_size()
+    if cp > 1 and local_spec:
+        raise ValueError(
+            f"--context-parallel-size {cp} needs CUDA with Transformer Engine: Megatron's local attention (the "
+            "CPU path) refuses context parallelism. Use --context-parallel-size 1, or run on GPUs with "
+            "transformer-engine installed"
+        )
 
 
 def _local_layer_spec(self, vp_stage: int | None = None):
@@ -75,18 +88,24 @@ def make_bridge(
     """An mbridge Bridge for the checkpoint in hf_dir (call after init_parallel).
 
     `make_vocab_size_divisible_by` pads Megatron's vocabulary (padding rows are dropped on export);
-    `config_overrides` are extra Megatron TransformerConfig fields (e.g. recompute settings).
+    `config_overrides` are extra Megatron TransformerConfig fields (e.g. recompute settings);
+    `sequence_parallel` among them overrides init_parallel's choice.
     """
+    from megatron.core import parallel_state as mpu
+
     apply_cpu_compat()
+    local_spec = not transformer_engine_available()
+    _check_context_parallel(local_spec)
+    sequence_parallel = config_overrides.pop("sequence_parallel", sequence_parallel_enabled())
+    check_sequence_parallel(sequence_parallel, mpu.get_tensor_model_parallel_world_size())
     hf_config = AutoConfig.from_pretrained(str(hf_dir))
     fix_hf_config(hf_config)
     family = family_of(hf_config)
     bridge = family.bridge(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
-    local_spec = not _use_transformer_engine()
     bridge.slime_like_local_spec = local_spec
     if local_spec:
         bridge._get_transformer_layer_spec = types.MethodType(_local_layer_spec, bridge)
-    bridge.set_extra_args(**transformer_config_overrides(local_spec), **config_overrides)
+    bridge.set_extra_args(**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides)
     return bridge
 
 

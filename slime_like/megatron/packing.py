@@ -1,9 +1,17 @@
 """Split a batch of variable-length sequences over DP ranks and micro-batches, and pack micro-batches.
 
-A packed micro-batch puts several whole sequences in one row with a block-diagonal causal mask and
-per-sequence position ids (RoPE is relative, so packed log-probs match separate forwards to ~5e-7).
-Sequences are never split. The "padded" layout (one right-padded row per sequence, plain causal
-attention) is for attention kernels that ignore an explicit mask (Transformer Engine's causal mode).
+Three layouts of a micro-batch's token rows:
+- "packed" (Megatron's local attention, the CPU path): several whole sequences in one row with a
+  block-diagonal causal mask and per-sequence position ids (RoPE is relative, so packed log-probs match
+  separate forwards to ~5e-7).
+- "thd" (Transformer Engine): the same single row [1, T] without a mask; attention is told where each
+  sequence starts by `cu_seqlens` (Megatron's PackedSeqParams, qkv_format "thd"). Each sequence is
+  right-padded to a multiple of `pad_multiple` (what sequence parallel / context parallel need); the
+  padding sits after the sequence's last token, so causal attention keeps real tokens blind to it,
+  and it gets no loss.
+- "padded": one right-padded row per sequence and plain causal attention, a fallback for attention
+  kernels that ignore an explicit mask (Transformer Engine's causal mode) without THD support.
+Sequences are never split across micro-batches.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+LAYOUTS = ("packed", "thd", "padded")
+
 
 @dataclass
 class MicroBatch:
@@ -21,15 +31,39 @@ class MicroBatch:
     indices: list[int]  # index of each sequence in the caller's batch (-1: filler, no loss)
     rows: list[int]
     starts: list[int]
-    lengths: list[int]
+    lengths: list[int]  # real (unpadded) lengths
     tokens: torch.Tensor  # [rows, T] int64
     position_ids: torch.Tensor  # [rows, T] int64
-    attention_mask: torch.Tensor  # [rows, 1, T, T] bool, True = masked out (Megatron's convention)
+    attention_mask: torch.Tensor | None  # [rows, 1, T, T] bool, True = masked out; None for "thd"
+    cu_seqlens: torch.Tensor | None = None  # "thd": int32 [n + 1] boundaries of the padded sequences
 
     @property
     def num_tokens(self) -> int:
         """Real (unpadded) tokens in the micro-batch."""
         return sum(self.lengths)
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """The token each position predicts (tokens[:, j+1]); at sequence ends it is never used."""
+        return torch.roll(self.tokens, -1, dims=1)
+
+    def packed_seq_params(self, device: torch.device | str | None = None):
+        """Megatron's PackedSeqParams of a "thd" micro-batch (None for the other layouts)."""
+        if self.cu_seqlens is None:
+            return None
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu_seqlens = self.cu_seqlens.to(device) if device is not None else self.cu_seqlens
+        max_seqlen = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+        # cu_seqlens already count each sequence's padding, so no *_padded fields: TE falls back to
+        # cu_seqlens for them, and Megatron's THD RoPE reads the same boundaries.
+        return PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_kv=cu_seqlens,
+            max_seqlen_q=max_seqlen,
+            max_seqlen_kv=max_seqlen,
+        )
 
     def per_sequence(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Cut a [rows, T] per-position tensor into per-sequence predictions of tokens 1..L-1.
@@ -41,6 +75,20 @@ class MicroBatch:
             for idx, row, start, length in zip(self.indices, self.rows, self.starts, self.lengths, strict=True)
             if idx >= 0
         ]
+
+
+def pad_multiple(tp_size: int = 1, cp_size: int = 1, sequence_parallel: bool = False) -> int:
+    """What each sequence's length is padded to a multiple of: 2*cp (zig-zag halves) times tp (with SP).
+
+    Context parallel cuts every sequence into 2*cp equal chunks; sequence parallel cuts each rank's
+    token row into tp equal parts, which a multiple of 2*cp*tp per sequence guarantees after the CP split.
+    """
+    return (2 * cp_size if cp_size > 1 else 1) * (tp_size if sequence_parallel else 1)
+
+
+def padded_length(length: int, multiple: int) -> int:
+    """length rounded up to a multiple of `multiple`."""
+    return -(-length // multiple) * multiple
 
 
 def split_for_dp(lengths: Sequence[int], dp_size: int) -> list[list[int]]:
@@ -77,8 +125,15 @@ def split_micro_batches(indices: Sequence[int], lengths: Sequence[int], max_toke
     return [sorted(b) for b in bins]
 
 
-def pack(sequences: Sequence[torch.Tensor], indices: Sequence[int], layout: str = "packed") -> MicroBatch:
-    """Build one micro-batch from sequences[i] for i in indices ("packed": one row; "padded": a row each)."""
+def pack(
+    sequences: Sequence[torch.Tensor], indices: Sequence[int], layout: str = "packed", multiple: int = 1
+) -> MicroBatch:
+    """Build one micro-batch from sequences[i] for i in indices in `layout` (see the module docstring).
+
+    `multiple` pads each sequence ("thd") or the common row length ("padded") to a multiple of it.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     seqs = [torch.as_tensor(sequences[i], dtype=torch.long).flatten() for i in indices]
     if not seqs:
         # A filler micro-batch (one token) keeps micro-batch counts equal across DP ranks.
@@ -87,22 +142,27 @@ def pack(sequences: Sequence[torch.Tensor], indices: Sequence[int], layout: str 
     n = len(seqs)
     # Built with whole-tensor operations: a per-sequence loop cost ~4 ms per micro-batch of 40 sequences.
     length_t = torch.tensor(lengths)
-    segment_of = torch.repeat_interleave(torch.arange(n), length_t)  # sequence of each token, flat
-    offsets = torch.cumsum(length_t, 0) - length_t
-    flat_positions = torch.arange(int(length_t.sum())) - offsets[segment_of]
+    slot_t = length_t if layout != "thd" else -(-length_t // multiple) * multiple  # room each sequence takes
+    segment_of = torch.repeat_interleave(torch.arange(n), length_t)  # sequence of each real token, flat
+    offsets = torch.cumsum(slot_t, 0) - slot_t
+    flat_positions = torch.arange(int(length_t.sum())) - (torch.cumsum(length_t, 0) - length_t)[segment_of]
     flat_tokens = torch.cat(seqs)
-    if layout == "packed":
-        rows, starts, shape = [0] * n, offsets.tolist(), (1, int(length_t.sum()))
-        where = (torch.zeros_like(segment_of), torch.arange(shape[1]))
-    elif layout == "padded":
-        rows, starts, shape = list(range(n)), [0] * n, (n, max(lengths))
+    if layout == "padded":
+        rows, starts, shape = list(range(n)), [0] * n, (n, padded_length(max(lengths), multiple))
         where = (segment_of, flat_positions)
     else:
-        raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
+        rows, starts, shape = [0] * n, offsets.tolist(), (1, int(slot_t.sum()))
+        where = (torch.zeros_like(segment_of), offsets[segment_of] + flat_positions)
     tokens = torch.zeros(shape, dtype=torch.long)
+    tokens[where] = flat_tokens
+    if layout == "thd":
+        # Padding continues each sequence's positions (it is never attended to by real tokens).
+        slot_of = torch.repeat_interleave(torch.arange(n), slot_t)
+        position_ids = (torch.arange(shape[1]) - offsets[slot_of])[None]
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(slot_t, 0).to(torch.int32)])
+        return MicroBatch(list(indices), rows, starts, lengths, tokens, position_ids, None, cu_seqlens)
     position_ids = torch.zeros(shape, dtype=torch.long)
     segment = torch.full(shape, -1, dtype=torch.long)
-    tokens[where] = flat_tokens
     position_ids[where] = flat_positions
     segment[where] = segment_of
     same = segment[:, :, None] == segment[:, None, :]

@@ -1,4 +1,8 @@
-"""Start torch.distributed and Megatron's parallel state (TP/PP/EP/VPP; DP is what is left)."""
+"""Start torch.distributed and Megatron's parallel state (TP/PP/CP/EP/VPP; DP is what is left).
+
+Sequence parallel is kept here too: it is a choice about how TP ranks split activations, made once per
+process with the sizes, and read by the model provider (model.make_bridge) when it builds the config.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, seed_all
+from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, seed_all, transformer_engine_available
 from slime_like.process import free_port
+
+_SEQUENCE_PARALLEL = False
 
 
 def init_distributed(timeout_minutes: int = 30) -> None:
@@ -37,10 +43,18 @@ def init_parallel(
     etp: int | None = None,
     vpp: int | None = None,
     seed: int = 1234,
+    cp: int = 1,
+    sequence_parallel: bool = False,
 ) -> None:
-    """Initialise torch.distributed, Megatron parallel state (idempotent for equal sizes) and seeds."""
+    """Initialise torch.distributed, Megatron parallel state (idempotent for equal sizes) and seeds.
+
+    Context parallel (cp > 1) initialises here on any device; building a model with it needs Transformer
+    Engine (make_bridge says so). Sequence parallel is checked here, before anything starts.
+    """
     from megatron.core import parallel_state as mpu
 
+    global _SEQUENCE_PARALLEL
+    check_sequence_parallel(sequence_parallel, tp)
     apply_cpu_compat()
     init_distributed()
     if mpu.model_parallel_is_initialized():
@@ -48,6 +62,7 @@ def init_parallel(
             mpu.get_tensor_model_parallel_world_size() == tp
             and mpu.get_pipeline_model_parallel_world_size() == pp
             and mpu.get_expert_model_parallel_world_size() == ep
+            and mpu.get_context_parallel_world_size() == cp
         )
         if not same:
             raise RuntimeError("Megatron parallel state already initialised with other sizes")
@@ -56,16 +71,41 @@ def init_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
+            context_parallel_size=cp,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=etp,
         )
+    _SEQUENCE_PARALLEL = sequence_parallel
     seed_all(seed)
+
+
+def check_sequence_parallel(sequence_parallel: bool, tp: int) -> None:
+    """Refuse sequence parallel where it cannot run: TP=1 (nothing to split over) or no Transformer Engine."""
+    if not sequence_parallel:
+        return
+    if tp < 2:
+        raise ValueError(
+            "--sequence-parallel splits activations over tensor-parallel ranks: it needs "
+            f"--tensor-model-parallel-size > 1 (got {tp}); drop the flag or raise the TP size"
+        )
+    if not transformer_engine_available():
+        raise ValueError(
+            "--sequence-parallel needs CUDA with Transformer Engine (Megatron's local layer norms, the CPU "
+            "path, refuse it): drop the flag, or run on GPUs with transformer-engine installed (pip install '.[gpu]')"
+        )
+
+
+def sequence_parallel_enabled() -> bool:
+    """Whether init_parallel was asked for sequence parallel (read when the model config is built)."""
+    return _SEQUENCE_PARALLEL
 
 
 def destroy_parallel() -> None:
     """Tear down Megatron parallel state and the default process group."""
     from megatron.core import parallel_state as mpu
 
+    global _SEQUENCE_PARALLEL
+    _SEQUENCE_PARALLEL = False
     mpu.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,11 +1,13 @@
-"""Packing and DP/micro-batch splitting; packed engine forwards equal separate forwards and transformers."""
+"""Packing (packed, thd, padded layouts) and DP/micro-batch splitting; packed engine forwards equal separate
+forwards and transformers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from slime_like.megatron.packing import pack, split_for_dp, split_micro_batches
+from slime_like.megatron.engine import choose_layout
+from slime_like.megatron.packing import pack, pad_multiple, split_for_dp, split_micro_batches
 from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
 
@@ -37,6 +39,52 @@ def test_pack_block_diagonal_mask_and_positions():
     padded = pack([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], [0, 1], layout="padded")
     assert padded.tokens.tolist() == [[1, 2, 3], [4, 5, 0]]
     assert [v.tolist() for v in padded.per_sequence(torch.arange(6.0).view(2, 3))] == [[0.0, 1.0], [3.0]]
+
+
+def test_thd_pads_each_sequence_and_gives_cu_seqlens():
+    mb = pack([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], [0, 1], layout="thd", multiple=4)
+    assert mb.tokens.tolist() == [[1, 2, 3, 0, 4, 5, 0, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    assert mb.attention_mask is None and mb.starts == [0, 4] and mb.num_tokens == 5
+    assert mb.cu_seqlens.dtype == torch.int32 and mb.cu_seqlens.tolist() == [0, 4, 8]
+    # Each sequence's predictions of its tokens 1..L-1, whatever padding follows it.
+    assert [v.tolist() for v in mb.per_sequence(torch.arange(8.0)[None])] == [[0.0, 1.0], [4.0]]
+    assert mb.targets.tolist() == [[2, 3, 0, 4, 5, 0, 0, 1]]
+    params = mb.packed_seq_params()
+    assert params.qkv_format == "thd" and params.max_seqlen_q == params.max_seqlen_kv == 4
+    assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == [0, 4, 8]
+    assert params.cu_seqlens_q_padded is None  # cu_seqlens already count the padding
+    unpadded = pack([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], [0, 1], layout="thd")
+    assert unpadded.tokens.tolist() == [[1, 2, 3, 4, 5]] and unpadded.cu_seqlens.tolist() == [0, 3, 5]
+    assert pack([torch.tensor([1, 2, 3])], [0], layout="packed").packed_seq_params() is None
+
+
+def test_padded_layout_pads_rows_to_the_multiple():
+    mb = pack([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], [0, 1], layout="padded", multiple=4)
+    assert mb.tokens.tolist() == [[1, 2, 3, 0], [4, 5, 0, 0]]
+    assert [v.tolist() for v in mb.per_sequence(torch.arange(8.0).view(2, 4))] == [[0.0, 1.0], [4.0]]
+    with pytest.raises(ValueError, match="layout must be one of"):
+        pack([torch.tensor([1])], [0], layout="bshd")
+
+
+def test_pad_multiple_covers_cp_halves_and_sp_ranks():
+    assert pad_multiple() == 1
+    assert pad_multiple(tp_size=4) == 1  # without sequence parallel TP does not split the sequence
+    assert pad_multiple(tp_size=4, sequence_parallel=True) == 4
+    assert pad_multiple(cp_size=2) == 4
+    assert pad_multiple(tp_size=2, cp_size=2, sequence_parallel=True) == 8
+
+
+def test_layout_choice_follows_the_attention_kernel(monkeypatch):
+    assert choose_layout(None, transformer_engine=True) == "thd"
+    assert choose_layout(None, transformer_engine=False) == "packed"
+    assert choose_layout("padded", transformer_engine=True) == "padded"
+    monkeypatch.setenv("SLIME_LIKE_MICRO_BATCH_LAYOUT", "padded")
+    assert choose_layout(None, transformer_engine=True) == "padded"
+    with pytest.raises(ValueError, match="'thd'.*Megatron's local attention"):
+        choose_layout("thd", transformer_engine=False)
+    with pytest.raises(ValueError, match="'packed'.*Transformer Engine"):
+        choose_layout("packed", transformer_engine=True)
 
 
 @pytest.fixture
@@ -79,6 +127,17 @@ def test_packed_logprobs_match_separate_forwards_and_transformers(engine, tiny_q
         torch.testing.assert_close(got, sep, atol=2e-6, rtol=0)
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
         torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+
+
+def test_padded_layout_logprobs_match_packed(engine, tiny_qwen3):
+    """The padded fallback on the local spec (explicit right-padded causal mask) gives the packed results."""
+    from slime_like.megatron.engine import MegatronTrainEngine
+
+    seqs = fixed_batch()
+    padded = MegatronTrainEngine(tiny_qwen3, max_tokens_per_micro_batch=40, layout="padded")
+    assert padded.layout == "padded" and engine.layout == "packed"
+    for got, ref in zip(padded.forward_logprobs(seqs), engine.forward_logprobs(seqs), strict=True):
+        torch.testing.assert_close(got, ref, atol=2e-6, rtol=0)
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.5])

@@ -11,10 +11,9 @@ from slime_like.arguments import parse_args
 
 
 @pytest.fixture
-def base(tiny_qwen3: Path) -> list[str]:
-    """The required flags, with a real (tiny) HF checkpoint: parse_args checks model flags against it."""
-    return ["--hf-checkpoint", str(tiny_qwen3), "--prompt-data", "x.jsonl", "--rollout-batch-size", "4",
-            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "64"]  # fmt: skip
+def base(base: list[str]) -> list[str]:
+    """The required flags (conftest) with a short response length."""
+    return base + ["--rollout-max-response-len", "64"]
 
 
 def test_defaults(base: list[str]) -> None:

@@ -9,22 +9,6 @@ import pytest
 from slime_like.arguments import parse_args
 
 
-@pytest.fixture
-def base(tiny_qwen3: Path) -> list[str]:
-    return [
-        "--hf-checkpoint",
-        str(tiny_qwen3),
-        "--prompt-data",
-        "x.jsonl",
-        "--rollout-batch-size",
-        "4",
-        "--n-samples-per-prompt",
-        "2",
-        "--num-rollout",
-        "3",
-    ]
-
-
 def test_defaults_and_sglang_passthrough(base: list[str]) -> None:
     args = parse_args(base + ["--sglang-dtype", "float32", "--sglang-disable-radix-cache", "--lr", "1e-5"])
     assert args.global_batch_size == 8 and args.eps_clip_high == args.eps_clip == 0.2
@@ -59,3 +43,26 @@ def test_missing_checkpoint(base: list[str], tmp_path: Path, capsys: pytest.Capt
     with pytest.raises(SystemExit):
         parse_args(base + ["--hf-checkpoint", str(tmp_path / "nope")])
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_sequence_parallel_flag_and_its_checks(base: list[str], capsys: pytest.CaptureFixture) -> None:
+    from slime_like.megatron.cpu_compat import transformer_engine_available
+    from slime_like.megatron.parallel import check_sequence_parallel
+    from slime_like.training_arguments import validate_megatron_args
+
+    args = parse_args(
+        base + ["--sequence-parallel", "--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"]
+    )
+    assert args.sequence_parallel and args.context_parallel_size == 1
+    validate_megatron_args(args)
+    assert not parse_args(base).sequence_parallel
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--sequence-parallel"])  # parse_args validates
+    assert "--tensor-model-parallel-size > 1" in capsys.readouterr().err
+    # The same checks at start-up on the trainer ranks, where the device is known.
+    with pytest.raises(ValueError, match="--tensor-model-parallel-size > 1"):
+        check_sequence_parallel(True, tp=1)
+    check_sequence_parallel(False, tp=1)
+    if not transformer_engine_available():
+        with pytest.raises(ValueError, match="--sequence-parallel needs CUDA with Transformer Engine"):
+            check_sequence_parallel(True, tp=2)

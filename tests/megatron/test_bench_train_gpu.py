@@ -1,0 +1,50 @@
+"""scripts/bench/bench_train_gpu.py --tiny runs on CPU and prints its figures, with a FLOPs count that matches
+the parameters Megatron actually built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "bench" / "bench_train_gpu.py"
+
+
+def test_tiny_run_prints_throughput_and_mfu(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--peak-tflops", "1", "--json", str(out), "--workdir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("device:") :].splitlines()
+    assert table[0].startswith("device: cpu (peak 1 TFLOP/s dense bf16)")
+    assert table[1].split()[:6] == ["model", "params", "active", "step", "s", "tokens/s"] and "MFU" in table[1]
+    rows = {line.split()[0]: line.split() for line in table[2:]}
+    assert set(rows) == {"tiny-dense", "tiny-moe"}
+
+    figures = json.loads(out.read_text())
+    assert figures["device"] == "cpu" and figures["peak_flops"] == 1e12
+    for r in figures["results"]:
+        assert r["params"] == r["params_megatron"]  # the analytic count behind the FLOPs is the built model's
+        assert len(r["step_s_all"]) == 2 and r["tokens_per_step"] == 4 * 64
+        assert r["tokens_per_s"] == r["tokens_per_step"] / r["step_s_median"] > 0
+        shape = r["shape"]
+        per_token = 6 * r["active_params"] + 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * 64
+        assert abs(r["model_tflops"] - r["tokens_per_s"] * per_token / 1e12) < 1e-9
+        assert r["mfu"] == r["model_tflops"]  # peak 1 TFLOP/s
+        printed = rows[r["model"]]
+        assert float(printed[4]) == round(r["tokens_per_s"], 1)
+        assert printed[6] == f"{100 * r['mfu']:.1f}%"
+    dense, moe = figures["results"]
+    assert dense["active_params"] == dense["params"]  # tied embedding: counted once, as the output layer
+    assert moe["active_params"] < moe["params"]  # 2 of 4 experts per token, and the untied input embedding
