@@ -14,7 +14,7 @@ DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --apply-chat-t
 ROLLOUT_ARGS=(--rollout-num-gpus 256 --rollout-num-gpus-per-engine 32 --rollout-max-response-len 16384
               --rollout-temperature 1.0 --rm-type math --sglang-mem-fraction-static 0.7)
 PERF_ARGS=(--actor-num-nodes 32 --actor-num-gpus-per-node 8 --colocate
-           --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8
+           --tensor-model-parallel-size 8 --sequence-parallel --pipeline-model-parallel-size 8
            --decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 6
            --expert-model-parallel-size 32 --expert-tensor-parallel-size 1
            --max-tokens-per-gpu 16384 --use-distributed-optimizer --bf16)

@@ -13,7 +13,7 @@ DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --apply-chat-t
 ROLLOUT_ARGS=(--rollout-num-gpus 16 --rollout-num-gpus-per-engine 8 --rollout-max-response-len 8192
               --rollout-temperature 1.0 --rm-type math --sglang-mem-fraction-static 0.7)
 PERF_ARGS=(--actor-num-nodes 2 --actor-num-gpus-per-node 8 --colocate
-           --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --context-parallel-size 1
+           --tensor-model-parallel-size 4 --sequence-parallel --pipeline-model-parallel-size 2 --context-parallel-size 1
            --expert-model-parallel-size 8 --expert-tensor-parallel-size 1
            --max-tokens-per-gpu 8192 --use-distributed-optimizer --bf16)
 ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28)

@@ -12,7 +12,7 @@ DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --input-key pr
 ROLLOUT_ARGS=(--rollout-num-gpus 4 --rollout-num-gpus-per-engine 2 --rollout-max-response-len 8192
               --rollout-temperature 1.0 --rm-type math --sglang-mem-fraction-static 0.7)
 EVAL_ARGS=()
-PERF_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node 4 --tensor-model-parallel-size 2
+PERF_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node 4 --tensor-model-parallel-size 2 --sequence-parallel
            --pipeline-model-parallel-size 1 --max-tokens-per-gpu 9216 --use-distributed-optimizer --bf16)
 ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28)
 OPTIM_ARGS=(--lr 1e-6 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98 --clip-grad 1.0)
