@@ -58,13 +58,14 @@ class TrainActor:
             seed=args.seed,
             cp=args.context_parallel_size,
             sequence_parallel=args.sequence_parallel,
+            reloadable_groups=bool(getattr(args, "offload_train", False)) and torch.cuda.is_available(),
         )
         common = {
             "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
             "dtype": torch.bfloat16 if args.bf16 else torch.float32,
         }
         # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
-        self.memory = TrainerOffload(args.offload_train)
+        self.memory = TrainerOffload(args.offload_train, rebuild_groups=True)
         with self.memory.region():
             self.engine = MegatronTrainEngine(
                 args.hf_checkpoint, self._optimizer_settings(args.lr), temperature=args.rollout_temperature, **common

@@ -653,8 +653,8 @@ class Bench:
             print(f"  {name:<28}{median(values) * 1e3:8.1f} ms  ({' '.join(f'{v * 1e3:.0f}' for v in values)})")
         share = median(timing["/flush_cache"]) / median(timing["TrainActor.update_weights"])
         print(
-            f"  one /flush_cache alone takes {share:.0%} of a whole update: on CPU SGLang's flush runs gc.collect() in "
-            "the scheduler (on GPU it is torch.cuda.empty_cache())"
+            f"  one /flush_cache alone takes {share:.0%} of a whole update (on CPU SGLang's flush runs gc.collect() in "
+            "the scheduler: ~0.33 s over its start-up heap, a few ms once SGLangServer has called /freeze_gc)"
         )
         transport = getattr(self.actor, "transport", None)
         if transport is not None:

@@ -10,7 +10,7 @@ exported tensor copied once into a preallocated buffer (the least any in-place u
 best of --repeats: the whole update's seconds and its ratio to the plain copy (goal on CPU: <= 2x for
 distributed and tensor), then the data path alone (the transport's send: no pause, flush, version or
 continue), its GB/s summed over servers, and its ratio. On CPU SGLang's /flush_cache runs a full gc.collect()
-in the server (~0.3 s whatever the model size), which the whole-update figure includes.
+in the server, a few ms since SGLangServer freezes the start-up heap (/freeze_gc); the whole update includes it.
 
 Two more baselines price the medium each transport rides on, with plain processes in place of servers:
 "bare gloo" broadcasts the same bytes from this process to N receivers (distributed's medium), and "bare

@@ -10,11 +10,15 @@ Choices, and why:
 - Hook mode "torch" (a CUDA pluggable allocator behind a private MemPool), not "preload" (the library in
   LD_PRELOAD of the process). The torch mode needs nothing set before the process starts, and pauses only
   what was made inside region(). slime runs the preload mode with TMS_INIT_ENABLE=1, where every cudaMalloc
-  of the process is pausable, NCCL's own buffers included: that is why slime destroys every NCCL process
-  group before a pause and rebuilds them after (reloadable_process_group.py, which wraps
-  torch.distributed.new_group). Here NCCL's buffers are outside the region, so communicators live through
-  offload/onload untouched and need no rebuild; the memory NCCL holds stays on the GPU, and the accounting
-  shows it as what offload() leaves behind.
+  of the process is pausable, NCCL's own buffers included.
+- NCCL's communicators are outside the region, so pausing never touches them; left alone they would keep
+  their buffers on the GPU through the rollout. With `rebuild_groups` (on in the actor when --offload-train
+  runs on CUDA), Megatron's process groups are reloadable (reloadable_groups.py: the Python group objects
+  Megatron, DDP and the optimizer hold stay the same, the communicator inside is replaced): offload()
+  destroys them after the pause, which frees NCCL's memory, and onload() creates them again before training
+  resumes (NCCL connects lazily, at each group's first collective). Every rank offloads and onloads at the
+  same point, as the rebuild needs. Not rebuilt: the default group (made by init_process_group) and groups
+  asked for another backend (Megatron's gloo groups, which hold no GPU memory).
 - CPU backup on: weights and optimizer states must come back bit-identical.
 - Adam creates its moments at its first step, which runs outside the region: they would stay on the GPU.
   `materialize_optimizer_state` creates them inside the region, exactly as that first step would.
@@ -35,6 +39,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from slime_like.megatron.reloadable_groups import destroy_reloadable_groups, reload_reloadable_groups
 
 logger = logging.getLogger(__name__)
 
@@ -132,9 +139,13 @@ def _add_torch_adam_steps(inner: torch.optim.Optimizer, fresh: list[torch.Tensor
 class TrainerOffload:
     """Moves what the engines allocate inside region() off the GPU and back; does nothing without CUDA."""
 
-    def __init__(self, requested: bool, tag: str = TAG) -> None:
+    def __init__(self, requested: bool, tag: str = TAG, rebuild_groups: bool = False) -> None:
         self.enabled = bool(requested) and torch.cuda.is_available()
         self.tag = tag
+        # NCCL only: with another backend the communicators hold no GPU memory worth a rebuild.
+        self.rebuild_groups = (
+            self.enabled and rebuild_groups and dist.is_initialized() and dist.get_backend() == dist.Backend.NCCL
+        )
         self.offloaded = False
         self._saver = _memory_saver() if self.enabled else None
         if requested and not self.enabled:
@@ -161,6 +172,8 @@ class TrainerOffload:
         gc.collect()
         torch.cuda.empty_cache()  # the last phase's activations and temporaries (outside the region)
         self._saver.pause(self.tag)
+        if self.rebuild_groups:
+            destroy_reloadable_groups()
         self.offloaded = True
         return self._account("offload", before, memory_snapshot(), time.monotonic() - start)
 
@@ -171,6 +184,8 @@ class TrainerOffload:
         start = time.monotonic()
         before = memory_snapshot()
         self._saver.resume(self.tag)
+        if self.rebuild_groups:
+            reload_reloadable_groups()
         torch.cuda.synchronize()
         self.offloaded = False
         return self._account("onload", before, memory_snapshot(), time.monotonic() - start)

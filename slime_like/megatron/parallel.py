@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -45,11 +46,14 @@ def init_parallel(
     seed: int = 1234,
     cp: int = 1,
     sequence_parallel: bool = False,
+    reloadable_groups: bool = False,
 ) -> None:
     """Initialise torch.distributed, Megatron parallel state (idempotent for equal sizes) and seeds.
 
     Context parallel (cp > 1) initialises here on any device; building a model with it needs Transformer
     Engine (make_bridge says so). Sequence parallel is checked here, before anything starts.
+    reloadable_groups: Megatron's groups can be destroyed and rebuilt (reloadable_groups.py; --offload-train
+    uses it to free NCCL's memory during rollout).
     """
     from megatron.core import parallel_state as mpu
 
@@ -67,14 +71,17 @@ def init_parallel(
         if not same:
             raise RuntimeError("Megatron parallel state already initialised with other sizes")
     else:
-        mpu.initialize_model_parallel(
-            tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=pp,
-            virtual_pipeline_model_parallel_size=vpp,
-            context_parallel_size=cp,
-            expert_model_parallel_size=ep,
-            expert_tensor_parallel_size=etp,
-        )
+        from slime_like.megatron.reloadable_groups import enable_reloadable_groups
+
+        with enable_reloadable_groups() if reloadable_groups else nullcontext():
+            mpu.initialize_model_parallel(
+                tensor_model_parallel_size=tp,
+                pipeline_model_parallel_size=pp,
+                virtual_pipeline_model_parallel_size=vpp,
+                context_parallel_size=cp,
+                expert_model_parallel_size=ep,
+                expert_tensor_parallel_size=etp,
+            )
     _SEQUENCE_PARALLEL = sequence_parallel
     seed_all(seed)
 

@@ -1,5 +1,6 @@
 """--offload-train on one GPU (a world of one, NCCL): a Megatron engine built inside the region leaves the GPU,
-comes back bit-identical, then trains, and the NCCL groups it trains with still work."""
+comes back bit-identical, then trains, and the NCCL groups it trains with, destroyed at each offload and rebuilt
+at each onload, still work."""
 
 from __future__ import annotations
 
@@ -90,12 +91,13 @@ def test_offload_frees_memory_and_onload_restores_it_bit_identically(saver: None
     from slime_like.megatron.offload import TrainerOffload, materialize_optimizer_state
     from slime_like.megatron.optimizer import OptimizerSettings
     from slime_like.megatron.parallel import init_parallel
+    from slime_like.megatron.reloadable_groups import reloadable_groups
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
-    init_parallel(tp=1, pp=1, seed=1234)
+    init_parallel(tp=1, pp=1, seed=1234, reloadable_groups=True)
     assert dist.get_backend() == "nccl"
-    memory = TrainerOffload(True)
-    assert memory.enabled
+    memory = TrainerOffload(True, rebuild_groups=True)
+    assert memory.enabled and memory.rebuild_groups and reloadable_groups()
     with memory.region():
         engine = MegatronTrainEngine(
             mid_qwen3, OptimizerSettings(lr=1e-4), max_tokens_per_micro_batch=4096, dtype=torch.bfloat16
@@ -122,7 +124,9 @@ def test_offload_frees_memory_and_onload_restores_it_bit_identically(saver: None
     torch.cuda.empty_cache()
     off = memory.offload()
     assert off["memory/offload_moved_gib"] * GIB >= 0.9 * expected, (off, expected / GIB)
+    assert all(group.inner is None for group in reloadable_groups())  # the communicators are gone
     on = memory.onload()
+    assert all(group.inner is not None for group in reloadable_groups())
     assert on["memory/onload_moved_gib"] * GIB >= 0.9 * expected, (on, expected / GIB)
     after = _host_copy(engine)
     assert len(before) == len(after)

@@ -8,7 +8,7 @@ import pytest
 import requests
 import torch
 
-from rollout.sglang_server import CPU_ENV, SGLangServer, flush_cache, generate
+from rollout.sglang_server import CPU_ENV, SGLangServer, flush_cache, freeze_gc, generate
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +37,12 @@ def test_server_is_healthy_and_serves_the_model(sglang_server: SGLangServer, tin
     info = requests.get(f"{sglang_server.url}/model_info", timeout=10).json()
     assert info["model_path"] == str(tiny_qwen3)
     flush_cache(sglang_server.url, attempts=5)  # idle server: answers 200 at once
+
+
+def test_start_freezes_the_server_gc(sglang_server: SGLangServer) -> None:
+    """Ready means GC-frozen: the scheduler no longer walks its start-up heap on every cache flush."""
+    assert "Freezing GC in Scheduler process" in sglang_server.log_path.read_text()
+    assert freeze_gc(sglang_server.url)  # idempotent: a second freeze is accepted
 
 
 def test_generate_logprobs_match_transformers(sglang_server: SGLangServer, tiny_qwen3: Path) -> None:
