@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout.router import SGLangRouter
 from rollout.sglang_server import SGLangServer
 
 
@@ -30,3 +31,17 @@ def sglang_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def second_sglang_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
     """A second server on the same model, started only when a test asks for two (router tests)."""
     yield from _serve(tiny_qwen3, tmp_path_factory.mktemp("sglang-logs-2"))
+
+
+@pytest.fixture(scope="module")
+def workers(sglang_server: SGLangServer, second_sglang_server: SGLangServer) -> list[SGLangServer]:
+    """The session's two SGLang servers."""
+    return [sglang_server, second_sglang_server]
+
+
+@pytest.fixture(scope="module")
+def router(workers: list[SGLangServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangRouter]:
+    """A round-robin router over both workers (the default cache_aware policy sends a quiet stream to one);
+    one per test module, since router tests add and remove workers."""
+    with SGLangRouter([w.url for w in workers], policy="round_robin", log_dir=tmp_path_factory.mktemp("router")) as r:
+        yield r

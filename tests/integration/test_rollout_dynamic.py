@@ -1,4 +1,4 @@
-"""Over-sampling, dynamic sampling, abort and partial rollout against two real SGLang servers behind the router.
+"""Over-sampling, dynamic sampling, abort and partial rollout against two real SGLang workers behind the router.
 
 The tiny random model writes junk, so a plugin written here forces the structure: the reward depends on the
 group index (groups 0 and 1 of every 6 have zero variance and must be dropped), and group 3 of every 6 asks
@@ -69,18 +69,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     sys.modules.pop("dyn_plugin", None)
 
 
-@pytest.fixture(scope="module")
-def servers(sglang_server: SGLangServer, second_sglang_server: SGLangServer) -> list[SGLangServer]:
-    return [sglang_server, second_sglang_server]
-
-
-@pytest.fixture(scope="module")
-def router(servers: list[SGLangServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangRouter]:
-    with SGLangRouter([s.url for s in servers], policy="round_robin", log_dir=tmp_path_factory.mktemp("r")) as r:
-        yield r
-
-
-def manager(model: Path, task: Path, servers: list[SGLangServer], router: SGLangRouter, *extra: str) -> RolloutManager:
+def manager(model: Path, task: Path, workers: list[SGLangServer], router: SGLangRouter, *extra: str) -> RolloutManager:
     args = parse_args(
         [
             "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"),
@@ -92,18 +81,18 @@ def manager(model: Path, task: Path, servers: list[SGLangServer], router: SGLang
         ]
     )  # fmt: skip
     importlib.import_module("dyn_plugin").SEEN.clear()
-    return RolloutManager(args, server_urls=[s.url for s in servers], router_url=router.url)
+    return RolloutManager(args, server_urls=[s.url for s in workers], router_url=router.url)
 
 
 def log_count(server: SGLangServer, line: str) -> int:
     return server.log_path.read_text(errors="replace").count(line)
 
 
-def wait_idle(servers: list[SGLangServer], timeout: float = 3.0) -> list[int]:
+def wait_idle(workers: list[SGLangServer], timeout: float = 3.0) -> list[int]:
     """Requests each server still holds (running or waiting), once all are 0 or the timeout passed."""
     deadline = time.monotonic() + timeout
     while True:
-        loads = [sum(r["num_reqs"] for r in requests.get(f"{s.url}/get_load", timeout=10).json()) for s in servers]
+        loads = [sum(r["num_reqs"] for r in requests.get(f"{s.url}/get_load", timeout=10).json()) for s in workers]
         if not any(loads) or time.monotonic() > deadline:
             return loads
         time.sleep(0.2)
@@ -114,12 +103,12 @@ GENERATES = '"POST /generate HTTP/1.1" 200'
 
 
 def test_dynamic_sampling_keeps_exactly_the_batch_and_aborts_the_rest(
-    tiny_qwen3: Path, task: Path, servers: list[SGLangServer], router: SGLangRouter
+    tiny_qwen3: Path, task: Path, workers: list[SGLangServer], router: SGLangRouter
 ) -> None:
-    m = manager(tiny_qwen3, task, servers, router)
+    m = manager(tiny_qwen3, task, workers, router)
     seen = sys.modules["dyn_plugin"].SEEN
-    aborts = [log_count(s, ABORTS) for s in servers]
-    served = [log_count(s, GENERATES) for s in servers]
+    aborts = [log_count(s, ABORTS) for s in workers]
+    served = [log_count(s, GENERATES) for s in workers]
     start = time.monotonic()
     groups, metrics = m.generate(0)
     assert time.monotonic() - start < 30  # the 1500-token group did not run to its end
@@ -136,26 +125,26 @@ def test_dynamic_sampling_keeps_exactly_the_batch_and_aborts_the_rest(
         assert all(s.status == Status.PENDING and s.response_length == 0 and not s.tokens for s in g)
         assert [s.index for s in g] == [g[0].group_index * N + i for i in range(N)]
     # Nothing of this rollout keeps running, on either server; both were told to abort, directly.
-    assert wait_idle(servers) == [0, 0]
+    assert wait_idle(workers) == [0, 0]
     time.sleep(0.5)  # access-log lines land just after the answers
-    assert all(log_count(s, ABORTS) > a for s, a in zip(servers, aborts, strict=True))
-    # The router spread the requests over both servers.
-    assert all(log_count(s, GENERATES) > n for s, n in zip(servers, served, strict=True))
+    assert all(log_count(s, ABORTS) > a for s, a in zip(workers, aborts, strict=True))
+    # The router spread the requests over both workers.
+    assert all(log_count(s, GENERATES) > n for s, n in zip(workers, served, strict=True))
     data = build_train_data(groups)
     assert len(data) == BATCH * N and sorted(data.sample_indices) == sorted(s.index for g in groups for s in g)
     m.shutdown()
 
 
 def test_partial_rollout_continues_aborted_groups_without_loss_or_duplicates(
-    tiny_qwen3: Path, task: Path, servers: list[SGLangServer], router: SGLangRouter
+    tiny_qwen3: Path, task: Path, workers: list[SGLangServer], router: SGLangRouter
 ) -> None:
-    m = manager(tiny_qwen3, task, servers, router, "--partial-rollout", "--mask-offpolicy-in-partial-rollout")
+    m = manager(tiny_qwen3, task, workers, router, "--partial-rollout", "--mask-offpolicy-in-partial-rollout")
     seen = sys.modules["dyn_plugin"].SEEN
     kept = []
     for rollout_id in range(3):
         groups, metrics = m.generate(rollout_id)
         assert len(groups) == BATCH and metrics["rollout/groups_kept"] == BATCH
-        assert wait_idle(servers) == [0, 0]
+        assert wait_idle(workers) == [0, 0]
         kept += groups
     # Every group the data source handed out is accounted for exactly once: trained, dropped, or waiting.
     kept_ids = [g[0].group_index for g in kept]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -36,19 +35,6 @@ def wait_served(servers: list[SGLangServer], total: int, timeout: float = 10.0) 
         time.sleep(0.2)
     time.sleep(0.3)  # a request wrongly served twice would show up here
     return [served(s) for s in servers]
-
-
-@pytest.fixture(scope="module")
-def workers(sglang_server: SGLangServer, second_sglang_server: SGLangServer) -> list[SGLangServer]:
-    """The session's two SGLang servers."""
-    return [sglang_server, second_sglang_server]
-
-
-@pytest.fixture(scope="module")
-def router(workers: list[SGLangServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangRouter]:
-    """A round-robin router over both workers (the default cache_aware policy sends a quiet stream to one)."""
-    with SGLangRouter([w.url for w in workers], policy="round_robin", log_dir=tmp_path_factory.mktemp("router")) as r:
-        yield r
 
 
 def test_router_lists_both_workers_healthy(router: SGLangRouter, workers: list[SGLangServer]) -> None:
