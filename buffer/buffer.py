@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 BufferFilter = Callable[[Any, list[list[Sample]], int], list[list[Sample]]]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 logger = logging.getLogger(__name__)
 

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slime_like.sample import Sample, Status
-
-
-def scalar_reward(sample: Sample, reward_key: str | None = None) -> float:
-    """The sample's reward as a float (dict rewards are read at `reward_key`)."""
-    reward = sample.reward
-    if isinstance(reward, dict):
-        if reward_key is None:
-            raise ValueError(f"sample {sample.index} has a dict reward {sorted(reward)}: set --reward-key")
-        reward = reward[reward_key]
-    return float(reward or 0.0)
+from slime_like.core.sample import Sample, Status, scalar_reward
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 TASKS = ("basic_arithmetic", "chain_sum")
 INSTRUCTION = "\nGive the final answer as <answer>...</answer>."

@@ -13,7 +13,7 @@ from typing import Any
 
 from rollout.context import RolloutContext
 from rollout.generate import FINISHED, generate
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 LOW, HIGH = 0.6, 1.2
 

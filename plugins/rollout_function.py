@@ -14,7 +14,7 @@ from buffer.buffer import Buffer
 from rollout.context import RolloutContext
 from rollout.generate import sampling_params_from_args
 from rollout.group import run_group
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 
 async def rollout(ctx: RolloutContext, rollout_id: int, buffer: Buffer) -> list[list[Sample]]:

@@ -25,7 +25,7 @@ from plugins.tools.calculator import calculator
 from plugins.tools.python_sandbox import python
 from rollout.context import RolloutContext
 from rollout.generate import append_model_tokens, call_model, finish_status, prompt_token_ids
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 Tool = Callable[[dict[str, Any]], Awaitable[str]]
 

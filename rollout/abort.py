@@ -7,9 +7,9 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-import aiohttp
-
+from rollout import sglang_client as client
 from rollout.context import RolloutContext
+from slime_like.core.errors import EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -19,11 +19,9 @@ async def abort_all_servers(ctx: RolloutContext) -> None:
 
     async def one(url: str) -> None:
         try:
-            async with ctx.session.post(f"{url}/abort_request", json={"abort_all": True}) as resp:
-                if resp.status != 200:
-                    logger.warning("%s/abort_request answered %d: %s", url, resp.status, (await resp.text())[:200])
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            logger.warning("%s/abort_request failed: %r", url, exc)
+            await client.abort_request(ctx.session, url)
+        except EngineError as exc:
+            logger.warning("%s", exc)
 
     await asyncio.gather(*(one(url) for url in ctx.server_urls))
     ctx.count("abort_requests")

@@ -8,11 +8,10 @@ import statistics
 from typing import Any
 
 from buffer.data_source import DataSource, PromptDataset
-from buffer.train_data import scalar_reward
 from rollout.context import RolloutContext
 from rollout.generate import sampling_params_from_args
 from rollout.group import run_group
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status, scalar_reward
 
 
 def eval_sampling_params(args: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status, scalar_reward
 
 
 @dataclass
@@ -20,8 +20,6 @@ class FilterResult:
 
 def group_rewards(args: Any, group: list[Sample]) -> list[float]:
     """Scalar rewards of the group's usable samples (failed ones carry no reward)."""
-    from buffer.train_data import scalar_reward
-
     return [scalar_reward(s, args.reward_key) for s in group if s.status != Status.FAILED]
 
 

@@ -7,10 +7,10 @@ import logging
 import uuid
 from typing import Any
 
-import aiohttp
-
+from rollout import sglang_client as client
 from rollout.context import RolloutContext
-from slime_like.sample import Sample, Status
+from slime_like.core.errors import EngineError
+from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +54,15 @@ async def abort_rid(ctx: RolloutContext, rid: str) -> None:
     """Best-effort abort of one request on every server (a failed attempt may still run on one of them)."""
     for url in ctx.server_urls:
         try:
-            async with ctx.session.post(f"{url}/abort_request", json={"rid": rid}) as resp:
-                await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            logger.debug("abort of %s on %s failed: %r", rid, url, exc)
+            await client.abort_request(ctx.session, url, rid)
+        except EngineError as exc:
+            logger.debug("abort of %s failed: %s", rid, exc)
 
 
 async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int = 3) -> dict[str, Any]:
     """POST /generate with retries on connection errors and 5xx answers; each attempt has its own rid.
 
-    Raises AbortedBeforeSending when the rollout is aborting, RuntimeError when every attempt failed.
+    Raises AbortedBeforeSending when the rollout is aborting, EngineError when every attempt failed.
     """
     delay = 0.5
     base_rid = payload.get("rid") or uuid.uuid4().hex
@@ -75,14 +74,11 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
                 raise AbortedBeforeSending(rid)
             ctx.inflight.add(rid)
             try:
-                async with ctx.session.post(f"{ctx.router_url}/generate", json={**payload, "rid": rid}) as resp:
-                    if resp.status == 200:
-                        return await resp.json(content_type=None)
-                    if resp.status < 500:  # the request itself is wrong: retrying cannot help
-                        raise RuntimeError(f"/generate answered {resp.status}: {(await resp.text())[:300]}")
-                    error = f"/generate answered {resp.status}: {(await resp.text())[:300]}"
-            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                error = f"/generate failed: {exc!r}"
+                return await client.generate_async(ctx.session, ctx.router_url, {**payload, "rid": rid})
+            except client.GenerateRefused:  # the request itself is wrong: retrying cannot help
+                raise
+            except EngineError as exc:
+                error = str(exc)
             finally:
                 ctx.inflight.discard(rid)
         # The failed attempt may still be generating on a server: stop it before retrying under a new rid.
@@ -92,7 +88,7 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
             logger.warning("%s; retry %d/%d in %.1fs", error, attempt + 1, retries, delay)
             await asyncio.sleep(delay)
             delay *= 2
-    raise RuntimeError(error)
+    raise EngineError(error)
 
 
 def append_model_tokens(sample: Sample, out: dict[str, Any]) -> list[int]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from rollout.context import RolloutContext
 from rollout.generate import FINISHED
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 
 async def _generate_sample(ctx: RolloutContext, sample: Sample, params: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 from rollout.filters import fifo_buffer_filter
 from rollout.generate import generate
 from rollout.rewards import RewardFunction, get_reward_function
-from slime_like.plugin_loader import load_plugin
-from slime_like.sample import Sample
+from slime_like.core.plugin_loader import load_plugin
+from slime_like.core.sample import Sample
 
 
 @dataclass

@@ -17,6 +17,7 @@ import aiohttp
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
+from rollout import sglang_client as client
 from rollout.context import RolloutContext
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
@@ -24,8 +25,8 @@ from rollout.hooks import RolloutHooks, load_hooks
 from rollout.metrics import rollout_metrics
 from rollout.postprocess import finish_rollout
 from rollout.sampling import generate_rollout
-from slime_like.plugin_loader import PluginError
-from slime_like.sample import Sample
+from slime_like.core.errors import PluginError
+from slime_like.core.sample import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -151,14 +152,7 @@ class RolloutManager:
 
     def set_weight_version(self, version: int) -> None:
         """Tag the servers' current weights (samples record it)."""
-        from slime_like.weights.server_calls import on_all, post
-
-        on_all(
-            self.server_urls(),
-            post,
-            "/update_weight_version",
-            {"new_version": str(version), "abort_all_requests": False},
-        )
+        client.on_all(self.server_urls(), client.set_weight_version, version)
 
     @asynccontextmanager
     async def _context(self) -> AsyncIterator[RolloutContext]:
@@ -240,15 +234,11 @@ class RolloutManager:
 
     def release_memory(self) -> None:
         """Colocated on GPU: free the servers' weights and KV cache while the trainer runs."""
-        from slime_like.weights.server_calls import on_all, post
-
-        on_all(self.server_urls(), post, "/release_memory_occupation", {})
+        client.on_all(self.server_urls(), client.release_memory)
 
     def resume_memory(self) -> None:
         """Colocated on GPU: take the memory back before weights are updated and generation resumes."""
-        from slime_like.weights.server_calls import on_all, post
-
-        on_all(self.server_urls(), post, "/resume_memory_occupation", {})
+        client.on_all(self.server_urls(), client.resume_memory)
 
     def state_dict(self) -> dict[str, Any]:
         """The buffer's state, saved with the checkpoint."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from buffer.train_data import scalar_reward
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status, scalar_reward
 
 
 def task_reward(sample: Sample, reward_key: str | None) -> float:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout.context import RolloutContext
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 
 def _per_sample(result: Any, group: list[Sample], flag: str) -> list[Any]:

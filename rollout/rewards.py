@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def _builtin(name: str, args: Any) -> RewardFunction:
 def get_reward_function(args: Any) -> RewardFunction:
     """The run's reward: the `--custom-rm-path` plugin (per group with --group-rm), else `--rm-type`."""
     if args.custom_rm_path:
-        from slime_like.plugin_loader import load_plugin
+        from slime_like.core.plugin_loader import load_plugin
 
         fn = load_plugin(args.custom_rm_path, "--custom-rm-path", params=2)
         return RewardFunction(fn, per_group=args.group_rm, timeout=args.rm_timeout)

@@ -1,13 +1,12 @@
 """Launch sglang-router in front of SGLang servers and add or remove workers while it runs.
 
-Shapes seen on sglang-router 0.3.2: GET /workers -> {"workers": [{"id", "url", "is_healthy", ...}], "total", "stats"};
-POST /workers {"url"} -> 202 {"status": "accepted", "worker_id", ...} and the worker appears in GET /workers only once
-its health check passed; DELETE /workers/{id} -> 202, the worker disappears shortly after; GET /workers/{id} of a
-pending addition shows its "job_status". The router's /health answers 200 before any worker is registered.
+The router's /health answers 200 before any worker is registered, so readiness waits until it lists the
+workers healthy; its HTTP calls are in sglang_client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import time
@@ -15,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from slime_like.process import ManagedProcess, check_port_free, free_port
+from rollout import sglang_client as client
+from slime_like.core.errors import EngineError
+from slime_like.core.process import ManagedProcess, check_port_free, free_port
 
 
 def _norm(url: str) -> str:
@@ -101,26 +100,22 @@ class SGLangRouter:
 
     def list_workers(self) -> list[dict[str, Any]]:
         """The router's workers as it reports them (each with id, url, is_healthy, load, ...)."""
-        resp = requests.get(f"{self.url}/workers", timeout=10)
-        resp.raise_for_status()
-        return resp.json()["workers"]
+        return client.list_workers(self.url)
 
     def add_worker(self, url: str, timeout: float = 60.0) -> str:
         """Register a worker and wait until the router lists it healthy; return its worker id."""
         url = _norm(url)
-        resp = requests.post(f"{self.url}/workers", json={"url": url}, timeout=10)
-        if resp.status_code not in (200, 202):
-            raise RuntimeError(f"router {self.url} refused to add worker {url}: HTTP {resp.status_code} {resp.text}")
-        worker_id = resp.json().get("worker_id")
+        worker_id = client.add_worker(self.url, url)
         try:
             self._wait_workers(
                 lambda ws: self._healthy(ws, url), time.monotonic() + timeout, f"worker {url} is listed healthy"
             )
         except TimeoutError as exc:
-            job = self._job_status(worker_id)
+            job = client.worker_job_status(self.url, worker_id) if worker_id else None
             if worker_id:
                 # Otherwise the router keeps retrying the unreachable worker in the background for minutes.
-                requests.delete(f"{self.url}/workers/{worker_id}", timeout=10)
+                with contextlib.suppress(EngineError):
+                    client.delete_worker(self.url, worker_id)
             raise TimeoutError(f"{exc}; router job status: {job}") from None
         return worker_id or next(w["id"] for w in self.list_workers() if _norm(w["url"]) == url)
 
@@ -133,9 +128,7 @@ class SGLangRouter:
             listed = [w["url"] for w in workers]
             raise KeyError(f"router {self.url} has no worker {url}; it lists {listed}")
         for worker_id in ids:
-            resp = requests.delete(f"{self.url}/workers/{worker_id}", timeout=10)
-            if resp.status_code not in (200, 202, 204):
-                raise RuntimeError(f"router {self.url} refused to remove {url}: HTTP {resp.status_code} {resp.text}")
+            client.delete_worker(self.url, worker_id)
         gone = lambda ws: all(_norm(w["url"]) != url for w in ws)  # noqa: E731
         self._wait_workers(gone, time.monotonic() + timeout, f"worker {url} is no longer listed")
 
@@ -154,7 +147,7 @@ class SGLangRouter:
                 workers = self.list_workers()
                 if done(workers):
                     return
-            except requests.RequestException:
+            except EngineError:
                 pass
             if time.monotonic() > deadline:
                 listed = [(w["url"], "healthy" if w.get("is_healthy") else "unhealthy") for w in workers]
@@ -164,12 +157,3 @@ class SGLangRouter:
                     f"Is each worker up and answering /health?\n--- router log tail ---\n{tail}"
                 )
             time.sleep(0.25)
-
-    def _job_status(self, worker_id: str | None) -> Any:
-        """The router's background job status for a worker id, if it still has one."""
-        if not worker_id:
-            return None
-        try:
-            return requests.get(f"{self.url}/workers/{worker_id}", timeout=5).json().get("job_status")
-        except (requests.RequestException, ValueError):
-            return None

@@ -17,7 +17,7 @@ from rollout.abort import abort_and_drain
 from rollout.context import RolloutContext
 from rollout.filters import apply_dynamic_filter
 from rollout.group import run_group
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 

@@ -1,23 +1,17 @@
-"""Launch one SGLang server (CPU or GPU), wait until it is healthy, and talk to its basic endpoints."""
+"""Launch one SGLang server (CPU or GPU) and wait until it is healthy; its HTTP calls are in sglang_client."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import requests
+from rollout.sglang_client import freeze_gc
+from slime_like.core.process import ManagedProcess, check_port_free, free_port
 
-from slime_like.process import ManagedProcess, check_port_free, free_port
-
-logger = logging.getLogger(__name__)
-
-# CPU-only settings measured in shared/RUNTIME.md; on GPU none of them apply.
+# CPU-only settings (each measured on our 2-core machines; the reasons are beside them); none apply on GPU.
 CPU_FLAGS = (
     "--device", "cpu",
     "--attention-backend", "torch_native",
@@ -168,53 +162,3 @@ class SGLangServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def freeze_gc(url: str, timeout: float = 30.0) -> bool:
-    """Move every object the server made while starting out of Python's GC (SGLang's /freeze_gc).
-
-    Every /flush_cache (each weight update) runs a full gc.collect() in the scheduler on CPU; over the
-    start-up heap it takes ~0.33 s, after the freeze ~0.004 s. Those objects live as long as the server,
-    so the collector has nothing to gain from walking them. A server without the endpoint still works.
-    """
-    try:
-        resp = requests.post(f"{url}/freeze_gc", timeout=timeout)
-    except requests.RequestException as exc:
-        logger.warning("SGLang at %s: /freeze_gc failed (%r); every cache flush will run a full GC", url, exc)
-        return False
-    if resp.status_code != 200:
-        logger.warning(
-            "SGLang at %s: /freeze_gc answered %d; every cache flush will run a full GC", url, resp.status_code
-        )
-    return resp.status_code == 200
-
-
-def flush_cache(url: str, attempts: int = 30, interval: float = 1.0, timeout: float = 10.0) -> None:
-    """POST /flush_cache until it answers 200 (it refuses while requests are in flight); raise after `attempts`."""
-    last = "no answer"
-    for _ in range(attempts):
-        try:
-            resp = requests.post(f"{url}/flush_cache", timeout=timeout)
-            if resp.status_code == 200:
-                return
-            last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-        except requests.RequestException as exc:
-            last = repr(exc)
-        time.sleep(interval)
-    raise RuntimeError(f"{url}/flush_cache did not answer 200 after {attempts} attempts; last answer: {last}")
-
-
-def generate(
-    url: str,
-    input_ids: list[int],
-    sampling_params: dict[str, Any] | None = None,
-    return_logprob: bool = False,
-    timeout: float = 120.0,
-    **fields: Any,
-) -> dict[str, Any]:
-    """POST /generate for one token-id prompt and return the JSON answer (text, output_ids, meta_info)."""
-    payload = {"input_ids": input_ids, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
-    resp = requests.post(f"{url}/generate", json={**payload, **fields}, timeout=timeout)
-    if resp.status_code != 200:
-        raise RuntimeError(f"{url}/generate answered HTTP {resp.status_code}: {resp.text[:500]}")
-    return resp.json()

@@ -23,7 +23,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "[setup] a GPU is present: install the CUDA stack with: $VENV/bin/pip install -e '.[gpu]'" >&2
 fi
 # The constraints pin the CPU build of torch, so no requirement can pull a CUDA torch.
-# The CPU build comes from the machine's wheel folder (PIP_FIND_LINKS, /opt/wheels here).
+# pip finds the CPU build through the machine's own pip settings (e.g. PIP_FIND_LINKS or an index URL).
 echo "[setup] installing the pinned CPU stack into $VENV (a few minutes the first time)"
 "${PIP[@]}" install -c "$ROOT/requirements/constraints-cpu.txt" -r "$ROOT/requirements/cpu.txt" 2> >(grep -v "is ignored: it is neither" >&2)
 # sglang and torchvision pin CUDA-only packages (and another torch): install them without deps.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing, lint, and run the whole test suite (what CI runs).
 #   bash scripts/test.sh                 # everything
-#   bash scripts/test.sh -m "not integration"   # extra args go to pytest
+#   bash scripts/test.sh -m unit         # one tier: unit, megatron, integration or gpu (extra args go to pytest)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

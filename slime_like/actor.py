@@ -24,7 +24,7 @@ from slime_like.algorithms.aggregation import token_weights
 from slime_like.algorithms.dapo import overlong_penalty
 from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
 from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
-from slime_like.plugin_loader import load_plugin
+from slime_like.core.plugin_loader import load_plugin
 
 logger = logging.getLogger(__name__)
 

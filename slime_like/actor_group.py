@@ -16,7 +16,7 @@ class _RankInfo:
     """Finds a free port on the node of trainer rank 0 (torch.distributed's rendezvous)."""
 
     def address(self) -> tuple[str, int]:
-        from slime_like.process import free_port
+        from slime_like.core.process import free_port
 
         ip = ray.util.get_node_ip_address()
         return ip, free_port(ip)

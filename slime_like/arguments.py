@@ -7,6 +7,7 @@ import os
 
 from buffer.arguments import add_data_arguments
 from rollout.arguments import add_rollout_arguments, sglang_passthrough, validate_rollout_args
+from slime_like.core.errors import ArgumentError
 from slime_like.model_arguments import add_model_arguments, check_against_hf_config
 from slime_like.planner import add_plan_arguments, dry_run, load_hf_config
 from slime_like.training_arguments import (
@@ -16,10 +17,6 @@ from slime_like.training_arguments import (
     validate_algorithm_args,
     validate_megatron_args,
 )
-
-
-class ArgumentError(ValueError):
-    """Arguments that contradict each other, with the flags to change in the message."""
 
 
 def build_parser() -> argparse.ArgumentParser:

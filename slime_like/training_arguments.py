@@ -130,7 +130,7 @@ def validate_megatron_args(args: argparse.Namespace) -> None:
 
 
 def _error(message: str) -> None:
-    from slime_like.arguments import ArgumentError
+    from slime_like.core.errors import ArgumentError
 
     raise ArgumentError(message)
 
@@ -207,7 +207,8 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
 
 def _check_hooks(args: argparse.Namespace) -> None:
     """Import the custom loss/advantage functions now, before any server starts."""
-    from slime_like.plugin_loader import PluginError, load_plugin
+    from slime_like.core.errors import PluginError
+    from slime_like.core.plugin_loader import load_plugin
 
     try:
         if args.custom_loss_function_path:

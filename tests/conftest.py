@@ -1,4 +1,10 @@
-"""Shared fixtures: tiny models made once per test session, GPU tests skipped without CUDA."""
+"""Test tiers by cost, set from the directory; tiny models made once per session; GPU tests skipped without CUDA.
+
+tests/unit        -m unit         seconds, in this process only (no subprocess, no server)
+tests/megatron    -m megatron     real Megatron: in-process models and 2-rank torchrun worlds
+tests/integration -m integration  real SGLang servers, the router, Ray, worker and sandbox processes
+tests/gpu         -m gpu          needs CUDA; skipped on CPU-only machines
+"""
 
 from __future__ import annotations
 
@@ -14,15 +20,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+TIERS = ("unit", "megatron", "integration", "gpu")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu`-marked tests when CUDA is not available."""
+    """Mark every test with its directory's tier; skip the `gpu` tier when CUDA is not available."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs CUDA (tests/gpu)")
     for item in items:
-        if "gpu" in item.keywords:
+        tier = item.path.relative_to(REPO_ROOT / "tests").parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(tier)
+        if tier == "gpu" and skip is not None:
             item.add_marker(skip)
 
 

@@ -67,6 +67,13 @@ async def _read_limited(stream: asyncio.StreamReader, limit: int) -> bytes:
     return data
 
 
+async def _drain(stream: asyncio.StreamReader) -> None:
+    """Read and drop the rest: a full reader pauses the pipe, and until the pipe sees its end, Python 3.11's
+    `Process.wait()` does not return even once the process is dead."""
+    while await stream.read(1 << 16):
+        pass
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole session: children the code forked too
@@ -100,7 +107,8 @@ async def run_python(
             output = await asyncio.wait_for(_read_limited(proc.stdout, max_output), timeout)
             if len(output) >= max_output:
                 _kill_group(proc)  # enough output: a print loop must not run until the deadline
-            status = await asyncio.wait_for(proc.wait(), max(0.0, deadline - loop.time()))
+            remaining = max(0.0, deadline - loop.time())
+            status = (await asyncio.wait_for(asyncio.gather(proc.wait(), _drain(proc.stdout)), remaining))[0]
         except TimeoutError:
             _kill_group(proc)
             await proc.wait()

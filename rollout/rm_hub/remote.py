@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 logger = logging.getLogger(__name__)
 

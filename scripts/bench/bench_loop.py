@@ -326,7 +326,7 @@ class Bench:
         import aiohttp
 
         from rollout.generate import RolloutContext, generate
-        from slime_like.sample import Sample
+        from slime_like.core.sample import Sample
 
         rows = [r for r in prompt_rows(self.work, self.args.rollout_batch_size) for _ in range(run_args.n_samples_per_prompt)]  # fmt: skip
         samples = [Sample(prompt=r["prompt"], label=r["label"], index=i, group_index=i) for i, r in enumerate(rows)]
@@ -431,7 +431,7 @@ class Bench:
         """A trainer rank in this process (a world of one), as the loop's Ray actor builds it."""
         from slime_like.actor import TrainActor
         from slime_like.arguments import parse_args as parse_run_args
-        from slime_like.process import free_port
+        from slime_like.core.process import free_port
 
         run_args = parse_run_args(job_flags(self.model, self.work, self.args, self.args.max_response_len))
         saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -450,7 +450,7 @@ class Bench:
 
         from buffer.train_data import build_train_data
         from rollout.generate import prompt_token_ids
-        from slime_like.sample import Sample, Status
+        from slime_like.core.sample import Sample, Status
 
         a = self.args
         gen = torch.Generator().manual_seed(0)

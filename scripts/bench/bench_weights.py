@@ -112,7 +112,7 @@ def bare_gloo_seconds(nbytes: int, receivers: int, repeats: int) -> float:
     """Best time to broadcast nbytes over gloo from one plain process to `receivers` others."""
     import subprocess
 
-    from slime_like.process import free_port
+    from slime_like.core.process import free_port
 
     port, world = free_port(), receivers + 1
     cmd = [sys.executable, "-c", _GLOO_RANK]

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from slime_like.core.process import free_port
 from slime_like.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, seed_all, transformer_engine_available
-from slime_like.process import free_port
 
 _SEQUENCE_PARALLEL = False
 

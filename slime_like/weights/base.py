@@ -15,13 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from slime_like.weights.server_calls import (
-    continue_generation,
-    flush_cache,
-    on_all,
-    pause_generation,
-    set_weight_version,
-)
+from rollout import sglang_client as client
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +45,16 @@ class WeightTransport(abc.ABC):
     def update(self, named_tensors: NamedTensors, version: int) -> None:
         """Pause and drain generation, flush caches, send, tag `version`, continue generation."""
         timeout = self.timeout_s
-        on_all(self.server_urls, pause_generation, timeout)
+        client.on_all(self.server_urls, client.pause_generation, timeout)
         try:
             # Generation is paused, so a refusal can only be a request finishing: a few retries suffice.
-            on_all(self.server_urls, flush_cache, max(3, int(timeout // 10)))
+            client.on_all(self.server_urls, client.flush_cache, max(3, int(timeout // 10)))
             self.send(named_tensors, version)
-            on_all(self.server_urls, set_weight_version, version, timeout)
+            client.on_all(self.server_urls, client.set_weight_version, version, timeout)
         finally:
             for url in self.server_urls:
                 try:
-                    continue_generation(url, timeout)
+                    client.continue_generation(url, timeout)
                 except Exception as exc:  # the update's own error (if any) is the one to report
                     logger.warning("%s/continue_generation failed after a weight update: %r", url, exc)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import requests
 import torch
 
-from slime_like.weights.server_calls import WeightUpdateError
+from rollout import sglang_client as client
+from slime_like.core.errors import EngineError, WeightUpdateError
 from slime_like.weights.updater import share_from_rank0
 
 PROBE_LENGTH = 24
@@ -26,19 +26,10 @@ def probe_tokens(vocab_size: int, length: int = PROBE_LENGTH, seed: int = 0) -> 
 
 def served_logprobs(url: str, tokens: list[int], timeout: float = 60.0) -> torch.Tensor:
     """The server's log-prob of every token after the first."""
-    payload = {
-        "input_ids": tokens,
-        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-        "return_logprob": True,
-        "logprob_start_len": 0,
-    }
     try:
-        resp = requests.post(f"{url}/generate", json=payload, timeout=timeout)
-        resp.raise_for_status()
-        pairs = resp.json()["meta_info"]["input_token_logprobs"][1:]
-    except (requests.RequestException, ValueError, KeyError) as exc:
-        raise WeightUpdateError(f"{url}/generate for the weight check failed: {exc!r}") from exc
-    return torch.tensor([lp for lp, _, _ in pairs], dtype=torch.float32)
+        return torch.tensor(client.prompt_logprobs(url, tokens, timeout), dtype=torch.float32)
+    except EngineError as exc:
+        raise WeightUpdateError(f"the weight check's probe failed: {exc}") from exc
 
 
 def trainer_logprobs(engine: Any, tokens: list[int]) -> torch.Tensor:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from rollout import sglang_client as client
 from slime_like.weights.base import NamedTensors, WeightTransport, buckets
-from slime_like.weights.server_calls import on_all, post
 
 # Files a server needs besides the weights to load a model directory.
 _MODEL_FILES = (
@@ -35,8 +35,7 @@ class DiskTransport(WeightTransport):
     def send(self, named_tensors: NamedTensors, version: int) -> None:
         """Write the shards, then reload them on every server."""
         target = self.write(named_tensors, version)
-        payload = {"model_path": str(target), "weight_version": str(version), "flush_cache": False}
-        on_all(self.server_urls, post, "/update_weights_from_disk", payload, self.timeout_s)
+        client.on_all(self.server_urls, client.update_weights_from_disk, str(target), version, self.timeout_s)
         for old in self.directory.glob("v*"):
             if old != target and old.name != f"v{version - 1}":
                 shutil.rmtree(old, ignore_errors=True)

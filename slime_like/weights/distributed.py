@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from slime_like.process import free_port
+from rollout import sglang_client as client
+from slime_like.core.errors import EngineError, WeightUpdateError
+from slime_like.core.process import free_port
 from slime_like.weights.base import NamedTensors, WeightTransport, buckets
 from slime_like.weights.process_group import init_weight_sync_group
-from slime_like.weights.server_calls import WeightUpdateError, post
 
 _group_ids = itertools.count()
 
@@ -56,17 +57,14 @@ class DistributedTransport(WeightTransport):
         with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
             joins = [
                 pool.submit(
-                    post,
+                    client.init_weights_update_group,
                     url,
-                    "/init_weights_update_group",
-                    {
-                        "master_address": self.master_address,
-                        "master_port": port,
-                        "rank_offset": 1 + i * self.tp_per_server,
-                        "world_size": world_size,
-                        "group_name": self.group_name,
-                        "backend": self.backend,
-                    },
+                    self.master_address,
+                    port,
+                    1 + i * self.tp_per_server,
+                    world_size,
+                    self.group_name,
+                    self.backend,
                     self.timeout_s,
                 )
                 for i, url in enumerate(self.server_urls)
@@ -91,15 +89,19 @@ class DistributedTransport(WeightTransport):
             self.connect()
         with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
             for bucket in buckets(named_tensors, self.bucket_bytes):
-                payload = {
-                    "names": [name for name, _ in bucket],
-                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                    "shapes": [list(t.shape) for _, t in bucket],
-                    "group_name": self.group_name,
-                    "flush_cache": False,
-                }
+                names = [name for name, _ in bucket]
+                dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+                shapes = [list(t.shape) for _, t in bucket]
                 answers = [
-                    pool.submit(post, url, "/update_weights_from_distributed", payload, self.timeout_s)
+                    pool.submit(
+                        client.update_weights_from_distributed,
+                        url,
+                        names,
+                        dtypes,
+                        shapes,
+                        self.group_name,
+                        self.timeout_s,
+                    )  # fmt: skip
                     for url in self.server_urls
                 ]
                 try:
@@ -119,8 +121,8 @@ class DistributedTransport(WeightTransport):
             return
         for url in self.server_urls:
             try:
-                post(url, "/destroy_weights_update_group", {"group_name": self.group_name}, self.timeout_s)
-            except WeightUpdateError:
+                client.destroy_weights_update_group(url, self.group_name, self.timeout_s)
+            except EngineError:
                 pass
         try:
             dist.destroy_process_group(self.group)

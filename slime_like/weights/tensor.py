@@ -23,8 +23,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the tensor reducers with ForkingPickler
 
+from rollout import sglang_client as client
 from slime_like.weights.base import NamedTensors, WeightTransport, buckets, flat_size, flatten_into
-from slime_like.weights.server_calls import post
 
 _ALIGN = 64  # every tensor starts on a cache line in the shared buffer
 
@@ -93,7 +93,7 @@ class TensorTransport(WeightTransport):
             for bucket in buckets(named_tensors, self.bucket_bytes):
                 bucket = self._shareable(bucket)
                 answers = [
-                    pool.submit(post, url, "/update_weights_from_tensor", self._payload(bucket), self.timeout_s)
+                    pool.submit(client.update_weights_from_tensor, url, *self._handles(bucket), self.timeout_s)
                     for url in self.server_urls
                 ]
                 for answer in answers:  # the bucket's tensors may be temporaries: keep them until read
@@ -131,7 +131,7 @@ class TensorTransport(WeightTransport):
                 flat, metadata = flatten_into(bucket, buffer, _ALIGN)
                 torch.cuda.current_stream().synchronize()  # the copies land before a server reads
                 answers = [
-                    pool.submit(post, url, "/update_weights_from_tensor", self._payload(flat, metadata), self.timeout_s)
+                    pool.submit(client.update_weights_from_tensor, url, *self._handles(flat, metadata), self.timeout_s)
                     for url in self.server_urls
                 ]
                 in_flight[slot] = (answers, buffer)  # keeps a one-off buffer alive until answered
@@ -139,8 +139,8 @@ class TensorTransport(WeightTransport):
                 for answer in answers:
                     answer.result()
 
-    def _payload(self, bucket_or_flat, metadata: list[dict] | None = None) -> dict:
-        """The request for one server: its handles once per TP rank.
+    def _handles(self, bucket_or_flat, metadata: list[dict] | None = None) -> tuple[list[str], str | None]:
+        """What one server is sent: its handles once per TP rank, and their load format.
 
         Each pickled handle counts one reference to the shared memory and each receiver releases one, so
         every receiver needs its own (one handle read twice would let the memory be unlinked too early).
@@ -149,11 +149,7 @@ class TensorTransport(WeightTransport):
             serialize, load_format = (lambda: serialize_tensors(bucket_or_flat)), None
         else:
             serialize, load_format = (lambda: serialize_bucket(bucket_or_flat, metadata)), "flattened_bucket"
-        return {
-            "serialized_named_tensors": [serialize() for _ in range(self.tp_per_server)],
-            "load_format": load_format,
-            "flush_cache": False,
-        }
+        return [serialize() for _ in range(self.tp_per_server)], load_format
 
     def close(self) -> None:
         """Free the shared buffers."""

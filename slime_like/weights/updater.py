@@ -15,8 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from slime_like.core.errors import WeightUpdateError
 from slime_like.weights.base import NamedTensors, WeightTransport
-from slime_like.weights.server_calls import WeightUpdateError
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ from typing import Any
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
-
 
 def _sglang_decoder_problem() -> str | None:
     try:

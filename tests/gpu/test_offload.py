@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
 GIB = 1024**3
 
 

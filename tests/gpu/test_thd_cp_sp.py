@@ -20,7 +20,6 @@ from tests.megatron.launch import torchrun
 WORKER = Path(__file__).with_name("parallel_worker.py")
 
 pytestmark = [
-    pytest.mark.gpu,
     pytest.mark.skipif(not transformer_engine_available(), reason="needs CUDA with Transformer Engine"),
 ]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL refuses two ranks on one GPU)")

@@ -22,10 +22,8 @@ from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
-from slime_like.plugin_loader import PluginError
-from slime_like.sample import Status
-
-pytestmark = pytest.mark.integration
+from slime_like.core.errors import PluginError
+from slime_like.core.sample import Status
 
 PLUGIN = """
 import asyncio
@@ -189,7 +187,7 @@ def test_eval_over_two_datasets_with_pass_at_k(make: Any, task: Path) -> None:
         assert metrics[f"eval/{name}/pass@4"] == 1.0
         assert metrics[f"eval/{name}/response_len_mean"] <= 3
     assert metrics["eval/reward_mean"] == 0.25
-    custom = make(*flags, "--eval-function-path", "plugins.evaluation.evaluate_with_majority", "--rm-type", "dapo")
+    custom = make(*flags, "--eval-function-path", "plugins.majority_eval.evaluate_with_majority", "--rm-type", "dapo")
     metrics = custom.evaluate(0)
     assert {"eval/a/maj@4", "eval/b/maj@4", "eval/a/pass@4", "eval/b/reward_mean"} <= set(metrics)
 

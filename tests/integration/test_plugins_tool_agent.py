@@ -22,9 +22,7 @@ from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
-from slime_like.sample import Status
-
-pytestmark = pytest.mark.integration
+from slime_like.core.sample import Status
 
 PLUGIN = r"""
 from plugins import tool_agent

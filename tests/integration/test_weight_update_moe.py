@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rollout.sglang_client import weight_version
 from rollout.sglang_server import SGLangServer
 from slime_like.weights.check import served_logprobs
-from slime_like.weights.server_calls import weight_version
 from tests.integration.test_weight_update import SEQUENCE, make_transport, serve_two, train_one_step, trainable_engine
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

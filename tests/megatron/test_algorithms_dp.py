@@ -14,7 +14,6 @@ from tests.megatron.launch import torchrun
 WORKER = Path(__file__).with_name("algo_dp_worker.py")
 
 
-@pytest.mark.integration
 def test_dp2_matches_dp1(tiny_qwen3: Path, megatron_world: None, tmp_path: Path, monkeypatch) -> None:
     from slime_like.actor import TrainActor
 

@@ -26,7 +26,6 @@ def _assert_same_weights(got_dir: Path, want_dir: Path) -> None:
         assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
 
 
-@pytest.mark.integration
 def test_round_trips_across_layouts_are_bit_exact(tiny_qwen3, tiny_qwen2_untied, tiny_qwen3_moe, tmp_path):
     """Every family: HF -> TP2 (+EP2 for experts) -> PP2 -> HF, and HF -> PP2 -> TP2 (expert TP2) -> HF."""
     families = {

@@ -74,7 +74,6 @@ def _single_process(seqs: list[torch.Tensor]) -> dict:
     return {"logprobs": logprobs, "entropy": entropies, "grads": {n: p.grad for n, p in model.named_parameters()}}
 
 
-@pytest.mark.integration
 def test_cp2_gather_and_gradients_match_one_process(tiny_qwen3, tmp_path):
     from tests.megatron.common import fixed_batch
 

@@ -38,7 +38,6 @@ def _four_layers(hf_dir: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.integration
 def test_tp2_pp2_dp2_vpp2_match_single_process(tiny_qwen3, tiny_qwen2_untied, megatron_world, tmp_path):
     deep = _four_layers(tiny_qwen3, tmp_path / "qwen3-4-layers")
     runs = [f"tp2:{tiny_qwen3}", f"pp2:{tiny_qwen3}", f"dp2:{tiny_qwen3}", f"pp2:{tiny_qwen2_untied}", f"vpp2:{deep}"]

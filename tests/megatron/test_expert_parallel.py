@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.megatron.common import train_run
@@ -15,7 +14,6 @@ from tests.megatron.test_distributed import _assert_same
 WORKER = Path(__file__).with_name("dist_worker.py")
 
 
-@pytest.mark.integration
 def test_ep2_matches_single_process(tiny_qwen3_moe, megatron_world, tmp_path) -> None:
     run = f"ep2:{tiny_qwen3_moe}"
     torchrun(WORKER, [str(tmp_path / "out.pt"), run])

@@ -12,7 +12,6 @@ from tests.megatron.launch import torchrun
 WORKER = Path(__file__).with_name("reload_worker.py")
 
 
-@pytest.mark.integration
 def test_groups_work_again_after_destroy_and_reload(tmp_path):
     torchrun(WORKER, ["groups", str(tmp_path / "out.pt")], timeout=180)
     per_rank = torch.load(tmp_path / "out.pt", weights_only=False)
@@ -32,7 +31,6 @@ def test_groups_work_again_after_destroy_and_reload(tmp_path):
         assert own["all_reduce"] == [float(rank + 1)] * 4
 
 
-@pytest.mark.integration
 def test_megatron_trains_the_same_through_a_group_rebuild(tiny_qwen3, tmp_path):
     torchrun(WORKER, ["megatron", str(tmp_path / "out.pt"), str(tiny_qwen3)])
     results = torch.load(tmp_path / "out.pt", weights_only=False)

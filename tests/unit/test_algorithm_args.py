@@ -83,11 +83,3 @@ def test_custom_hooks_load_at_parse_time(base: list[str], tmp_path: Path, monkey
     )
     assert args.loss_type == "custom_loss"
     sys.modules.pop("my_algo", None)
-
-
-def test_help_does_not_import_torch() -> None:
-    import subprocess
-
-    code = "import sys; from slime_like.arguments import build_parser; build_parser(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"

@@ -22,8 +22,8 @@ from rollout.filters import FilterResult, apply_dynamic_filter, check_reward_non
 from rollout.hooks import RolloutHooks
 from rollout.postprocess import finish_rollout
 from slime_like.arguments import build_parser
-from slime_like.plugin_loader import PluginError
-from slime_like.sample import Sample, Status
+from slime_like.core.errors import PluginError
+from slime_like.core.sample import Sample, Status
 from tests.conftest import REPO_ROOT
 
 
@@ -187,13 +187,13 @@ def test_good_plugins_load_and_defaults_fill(plugin_module: str) -> None:
 EXAMPLES = [
     ("--rollout-function-path", "plugins.rollout_function.rollout"),
     ("--custom-generate-function-path", "plugins.tool_agent.generate"),
-    ("--custom-rm-path", "plugins.rewards.boxed_math_with_format"),
+    ("--custom-rm-path", "plugins.custom_rewards.boxed_math_with_format"),
     ("--dynamic-sampling-filter-path", "rollout.filters.check_reward_nonzero_std"),
-    ("--dynamic-sampling-filter-path", "plugins.filters.drop_all_truncated"),
-    ("--buffer-filter-path", "plugins.filters.most_progress_first"),
-    ("--rollout-sample-filter-path", "plugins.filters.exclude_truncated"),
-    ("--custom-reward-post-process-path", "plugins.filters.overlong_penalty"),
-    ("--eval-function-path", "plugins.evaluation.evaluate_with_majority"),
+    ("--dynamic-sampling-filter-path", "plugins.custom_filters.drop_all_truncated"),
+    ("--buffer-filter-path", "plugins.custom_filters.most_progress_first"),
+    ("--rollout-sample-filter-path", "plugins.custom_filters.exclude_truncated"),
+    ("--custom-reward-post-process-path", "plugins.custom_filters.overlong_penalty"),
+    ("--eval-function-path", "plugins.majority_eval.evaluate_with_majority"),
     ("--data-source-path", "plugins.data_sources.ReasoningGymSource"),
 ]
 
@@ -207,13 +207,13 @@ def test_documented_examples_load(flag: str, path: str) -> None:
 def test_group_examples_load() -> None:
     validate_rollout_args(
         parsed("--custom-generate-function-path", "plugins.group_generate.generate_group", "--group-generate",
-               "--custom-rm-path", "plugins.rewards.majority_vote", "--group-rm")
+               "--custom-rm-path", "plugins.custom_rewards.majority_vote", "--group-rm")
     )  # fmt: skip
 
 
 def test_example_rewards_and_filters() -> None:
-    from plugins.filters import drop_all_truncated, exclude_truncated, most_progress_first, overlong_penalty
-    from plugins.rewards import boxed_math_with_format, majority_vote
+    from plugins.custom_filters import drop_all_truncated, exclude_truncated, most_progress_first, overlong_penalty
+    from plugins.custom_rewards import boxed_math_with_format, majority_vote
 
     s = Sample(response="so \\boxed{4}", label="4")
     assert boxed_math_with_format(None, s) == {"score": 1.1, "correct": 1.0, "formatted": 1.0}

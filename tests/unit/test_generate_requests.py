@@ -12,7 +12,7 @@ from aiohttp import web
 
 from rollout.context import RolloutContext
 from rollout.generate import generate
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 
 class FakeSGLang:

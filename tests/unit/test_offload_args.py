@@ -9,7 +9,8 @@ import logging
 import pytest
 import torch
 
-from slime_like.arguments import ArgumentError, parse_args, resolve_offload_train
+from slime_like.arguments import parse_args, resolve_offload_train
+from slime_like.core.errors import ArgumentError
 from slime_like.megatron.offload import TrainerOffload
 
 CUDA = torch.cuda.is_available()

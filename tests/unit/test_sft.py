@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from slime_like.algorithms.sft import chat_tokens_and_mask, generate
-from slime_like.sample import Sample
+from plugins.sft_generate import chat_tokens_and_mask, generate
+from slime_like.core.sample import Sample
 
 
 class CharTokenizer:
@@ -63,7 +63,7 @@ def test_generate_builds_chat_and_label_samples(monkeypatch: pytest.MonkeyPatch)
         calls.append(sample.index)
         return sample
 
-    monkeypatch.setattr("rollout.generate.generate", fake_generate)
+    monkeypatch.setattr("plugins.sft_generate.sample_from_model", fake_generate)
     evaluated = Sample(prompt="2+2=", label="4", index=3, metadata={"eval_dataset": "all"})
     asyncio.run(generate(ctx, evaluated, {}))
     assert calls == [3] and evaluated.response_length == 0

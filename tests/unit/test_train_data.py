@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from buffer.train_data import build_train_data
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 
 def _sample(index: int, reward: float, n_resp: int, status: Status = Status.COMPLETED) -> Sample:

@@ -11,8 +11,8 @@ import logging
 import pytest
 import torch
 
+from slime_like.core.errors import WeightUpdateError
 from slime_like.weights.base import WeightTransport, buckets, flat_size, flatten_into
-from slime_like.weights.server_calls import WeightUpdateError
 from slime_like.weights.updater import WeightUpdater
 
 TENSORS = [("a", torch.arange(6.0).reshape(2, 3)), ("b", torch.arange(5, dtype=torch.bfloat16)), ("c", torch.ones(7))]

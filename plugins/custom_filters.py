@@ -1,9 +1,9 @@
 """Example filters and a reward post-process, one per hook.
 
-    --dynamic-sampling-filter-path plugins.filters.drop_all_truncated     (which finished groups train)
-    --buffer-filter-path plugins.filters.most_progress_first              (which returned groups run next)
-    --rollout-sample-filter-path plugins.filters.exclude_truncated        (which samples the loss sees)
-    --custom-reward-post-process-path plugins.filters.overlong_penalty    (training rewards)
+    --dynamic-sampling-filter-path plugins.custom_filters.drop_all_truncated     (which finished groups train)
+    --buffer-filter-path plugins.custom_filters.most_progress_first              (which returned groups run next)
+    --rollout-sample-filter-path plugins.custom_filters.exclude_truncated        (which samples the loss sees)
+    --custom-reward-post-process-path plugins.custom_filters.overlong_penalty    (training rewards)
 
 The built-in dynamic filter is rollout.filters.check_reward_nonzero_std (DAPO: drop zero-variance groups).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollout.filters import FilterResult, check_reward_nonzero_std
-from slime_like.sample import Sample, Status
+from slime_like.core.sample import Sample, Status
 
 OVERLONG_BUFFER = 64  # tokens before the length limit where the DAPO soft penalty starts
 

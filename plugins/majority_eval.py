@@ -1,6 +1,6 @@
 """Example --eval-function-path: the built-in evaluation plus a majority-vote accuracy (maj@n) per dataset.
 
---eval-function-path plugins.evaluation.evaluate_with_majority --n-samples-per-eval-prompt 4 --eval-temperature 0.7
+--eval-function-path plugins.majority_eval.evaluate_with_majority --n-samples-per-eval-prompt 4 --eval-temperature 0.7
 """
 
 from __future__ import annotations

@@ -7,9 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-
-class PluginError(ValueError):
-    """A plugin path that cannot be imported or does not have the expected shape."""
+from slime_like.core.errors import PluginError
 
 
 def load_plugin(path: str, flag: str, *, params: int | None = None, is_async: bool | None = None) -> Callable[..., Any]:

@@ -1,7 +1,7 @@
 """Example --custom-rm-path functions: one sample at a time, or a whole group with --group-rm.
 
---custom-rm-path plugins.rewards.boxed_math_with_format            (dict reward; add --reward-key score)
---custom-rm-path plugins.rewards.majority_vote --group-rm          (label-free, TTRL-style)
+--custom-rm-path plugins.custom_rewards.boxed_math_with_format            (dict reward; add --reward-key score)
+--custom-rm-path plugins.custom_rewards.majority_vote --group-rm          (label-free, TTRL-style)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from rollout.rm_hub.boxed import deepscaler_reward, last_boxed
-from slime_like.sample import Sample
+from slime_like.core.sample import Sample
 
 
 def boxed_math_with_format(args: Any, sample: Sample) -> dict[str, float]:

@@ -1,0 +1,265 @@
+"""Every HTTP call to SGLang servers and sglang-router: the one module that knows their endpoints and payloads.
+
+Blocking calls (start-up, weight updates, checks) use `requests`, are bounded by a timeout and raise
+EngineError naming the URL; the calls a rollout makes while it generates are `async` and take its
+aiohttp session. Router worker management follows sglang-router 0.3.2: GET /workers ->
+{"workers": [{"id", "url", "is_healthy", ...}]}, POST /workers {"url"} -> 202 with a "worker_id" (the
+worker is listed once its health check passed), DELETE /workers/{id} -> 202.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import aiohttp
+import requests
+
+from slime_like.core.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+
+# --- blocking calls -------------------------------------------------------------------------------
+
+
+def _answer(resp: requests.Response, where: str) -> Any:
+    """The JSON body of a 200 answer ({} when empty); EngineError for any other status or a reported failure."""
+    if resp.status_code != 200:
+        raise EngineError(f"{where} answered HTTP {resp.status_code}: {resp.text[:300]}")
+    try:
+        body = resp.json() if resp.content else {}
+    except ValueError:
+        body = {}
+    if isinstance(body, dict) and body.get("success") is False:
+        raise EngineError(f"{where} reported failure: {body.get('message')}")
+    return body
+
+
+def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
+    """POST JSON and return the JSON answer; raise EngineError naming the server on failure."""
+    try:
+        resp = requests.post(f"{url}{path}", json=payload or {}, timeout=timeout)
+    except requests.RequestException as exc:
+        raise EngineError(f"{url}{path} failed: {exc!r}") from exc
+    return _answer(resp, f"{url}{path}")
+
+
+def get(url: str, path: str, timeout: float = 10.0) -> Any:
+    """GET and return the JSON answer; raise EngineError naming the server on failure."""
+    try:
+        resp = requests.get(f"{url}{path}", timeout=timeout)
+    except requests.RequestException as exc:
+        raise EngineError(f"{url}{path} failed: {exc!r}") from exc
+    return _answer(resp, f"{url}{path}")
+
+
+def on_all(urls: list[str], fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """Call fn(url, *args) for every server concurrently; re-raise the first error."""
+    with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
+        return [f.result() for f in [pool.submit(fn, url, *args) for url in urls]]
+
+
+def generate(
+    url: str,
+    input_ids: list[int],
+    sampling_params: dict[str, Any] | None = None,
+    return_logprob: bool = False,
+    timeout: float = 120.0,
+    **fields: Any,
+) -> dict[str, Any]:
+    """POST /generate for one token-id prompt and return the JSON answer (text, output_ids, meta_info)."""
+    payload = {"input_ids": input_ids, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
+    return post(url, "/generate", {**payload, **fields}, timeout)
+
+
+def prompt_logprobs(url: str, tokens: list[int], timeout: float = 60.0) -> list[float]:
+    """The server's log-prob of every token of `tokens` after the first (its prompt log-probs)."""
+    out = generate(url, tokens, {"max_new_tokens": 1, "temperature": 0}, True, timeout, logprob_start_len=0)
+    try:
+        return [float(lp) for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"{url}/generate gave no prompt log-probs: {exc!r}") from exc
+
+
+def freeze_gc(url: str, timeout: float = 30.0) -> bool:
+    """Move every object the server made while starting out of Python's GC (SGLang's /freeze_gc).
+
+    Every /flush_cache (each weight update) runs a full gc.collect() in the scheduler on CPU; over the
+    start-up heap it takes ~0.33 s, after the freeze ~0.004 s. Those objects live as long as the server,
+    so the collector has nothing to gain from walking them. A server without the endpoint still works.
+    """
+    try:
+        post(url, "/freeze_gc", timeout=timeout)
+    except EngineError as exc:
+        logger.warning("SGLang at %s: /freeze_gc failed (%s); every cache flush will run a full GC", url, exc)
+        return False
+    return True
+
+
+def flush_cache(url: str, attempts: int = 30, interval: float = 1.0, timeout: float = 10.0) -> None:
+    """POST /flush_cache until it answers 200 (it refuses while requests are in flight); raise after `attempts`."""
+    last = "no answer"
+    for _ in range(attempts):
+        try:
+            post(url, "/flush_cache", timeout=timeout)
+            return
+        except EngineError as exc:
+            last = str(exc)
+        time.sleep(interval)
+    raise EngineError(f"{url}/flush_cache did not answer 200 after {attempts} attempts; last answer: {last}")
+
+
+def pause_generation(url: str, timeout: float = 60.0, mode: str = "abort") -> None:
+    """Stop generation; with mode "abort" in-flight requests return what they have and new ones wait."""
+    post(url, "/pause_generation", {"mode": mode}, timeout)
+
+
+def continue_generation(url: str, timeout: float = 60.0) -> None:
+    """Let waiting and new requests run again (a paused server also hangs /health)."""
+    post(url, "/continue_generation", {}, timeout)
+
+
+def set_weight_version(url: str, version: int, timeout: float = 60.0) -> None:
+    """Tag the server's weights (returned with every sample as its weight version)."""
+    post(url, "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}, timeout)
+
+
+def weight_version(url: str, timeout: float = 10.0) -> str:
+    """The server's current weight version."""
+    info = get(url, "/model_info", timeout)
+    if not isinstance(info, dict) or "weight_version" not in info:
+        raise EngineError(f"{url}/model_info has no weight_version: {str(info)[:200]}")
+    return info["weight_version"]
+
+
+def release_memory(url: str, timeout: float = 300.0) -> None:
+    """Free the server's weights and KV cache (GPU only; on CPU it answers 200 and frees nothing)."""
+    post(url, "/release_memory_occupation", {}, timeout)
+
+
+def resume_memory(url: str, timeout: float = 300.0) -> None:
+    """Take the memory back before weights are updated and generation resumes."""
+    post(url, "/resume_memory_occupation", {}, timeout)
+
+
+def update_weights_from_disk(url: str, model_path: str, version: int, timeout: float = 600.0) -> None:
+    """Reload the weights from an HF checkpoint directory the server can read (no cache flush)."""
+    payload = {"model_path": model_path, "weight_version": str(version), "flush_cache": False}
+    post(url, "/update_weights_from_disk", payload, timeout)
+
+
+def update_weights_from_tensor(
+    url: str, serialized: list[Any], load_format: str | None, timeout: float = 300.0
+) -> None:
+    """Load tensors from shared-memory handles, one serialised list per TP rank of the server (no cache flush)."""
+    payload = {"serialized_named_tensors": serialized, "load_format": load_format, "flush_cache": False}
+    post(url, "/update_weights_from_tensor", payload, timeout)
+
+
+def init_weights_update_group(
+    url: str,
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    timeout: float = 300.0,
+) -> None:
+    """Make the server's ranks join the trainer's weight-broadcast group (blocks until the group forms)."""
+    payload = {
+        "master_address": master_address,
+        "master_port": master_port,
+        "rank_offset": rank_offset,
+        "world_size": world_size,
+        "group_name": group_name,
+        "backend": backend,
+    }
+    post(url, "/init_weights_update_group", payload, timeout)
+
+
+def update_weights_from_distributed(
+    url: str, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, timeout: float = 300.0
+) -> None:
+    """Announce one bucket; the server receives its tensors from the trainer's broadcasts (no cache flush)."""
+    payload = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": False}
+    post(url, "/update_weights_from_distributed", payload, timeout)
+
+
+def destroy_weights_update_group(url: str, group_name: str, timeout: float = 300.0) -> None:
+    """Leave the weight-broadcast group."""
+    post(url, "/destroy_weights_update_group", {"group_name": group_name}, timeout)
+
+
+# --- sglang-router worker management ---------------------------------------------------------------
+
+
+def list_workers(router_url: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The router's workers as it reports them (each with id, url, is_healthy, load, ...)."""
+    return get(router_url, "/workers", timeout)["workers"]
+
+
+def add_worker(router_url: str, worker_url: str, timeout: float = 10.0) -> str | None:
+    """Ask the router to register a worker (asynchronous: it is listed once healthy); its worker id."""
+    try:
+        resp = requests.post(f"{router_url}/workers", json={"url": worker_url}, timeout=timeout)
+    except requests.RequestException as exc:
+        raise EngineError(f"router {router_url}: adding worker {worker_url} failed: {exc!r}") from exc
+    if resp.status_code not in (200, 202):
+        raise EngineError(
+            f"router {router_url} refused to add worker {worker_url}: HTTP {resp.status_code} {resp.text}"
+        )
+    return resp.json().get("worker_id")
+
+
+def delete_worker(router_url: str, worker_id: str, timeout: float = 10.0) -> None:
+    """Ask the router to deregister a worker by id (asynchronous: it disappears shortly after)."""
+    try:
+        resp = requests.delete(f"{router_url}/workers/{worker_id}", timeout=timeout)
+    except requests.RequestException as exc:
+        raise EngineError(f"router {router_url}: removing worker {worker_id} failed: {exc!r}") from exc
+    if resp.status_code not in (200, 202, 204):
+        raise EngineError(f"router {router_url} refused to remove {worker_id}: HTTP {resp.status_code} {resp.text}")
+
+
+def worker_job_status(router_url: str, worker_id: str, timeout: float = 5.0) -> Any:
+    """The router's background job status of a pending worker, or None when it has none."""
+    try:
+        return get(router_url, f"/workers/{worker_id}", timeout).get("job_status")
+    except (EngineError, AttributeError):
+        return None
+
+
+# --- calls a rollout makes while it generates (aiohttp) ------------------------------------------------
+
+
+class GenerateRefused(EngineError):
+    """/generate answered 4xx: the request itself is wrong, so sending it again cannot help."""
+
+
+async def generate_async(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """POST /generate; GenerateRefused on a 4xx answer, EngineError on a 5xx answer or a broken connection."""
+    try:
+        async with session.post(f"{url}/generate", json=payload) as resp:
+            if resp.status == 200:
+                return await resp.json(content_type=None)
+            error = f"/generate answered {resp.status}: {(await resp.text())[:300]}"
+    except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        raise EngineError(f"/generate failed: {exc!r}") from exc
+    raise (GenerateRefused if resp.status < 500 else EngineError)(error)
+
+
+async def abort_request(session: aiohttp.ClientSession, url: str, rid: str | None = None) -> None:
+    """POST /abort_request for one request id, or for every request with rid None; EngineError on failure."""
+    payload = {"rid": rid} if rid is not None else {"abort_all": True}
+    try:
+        async with session.post(f"{url}/abort_request", json=payload) as resp:
+            text = await resp.text()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise EngineError(f"{url}/abort_request failed: {exc!r}") from exc
+    if resp.status != 200:
+        raise EngineError(f"{url}/abort_request answered {resp.status}: {text[:200]}")
