@@ -26,6 +26,7 @@ from rollout.metrics import rollout_metrics
 from rollout.postprocess import finish_rollout
 from rollout.sampling import generate_rollout
 from slime_like.core.errors import PluginError
+from slime_like.core.logs import setup_logging
 from slime_like.core.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class RolloutManager:
         from transformers import AutoTokenizer
 
         self.args = args
+        setup_logging("rollout", args.log_level, Path(args.output_dir) / "logs")
         # Plugins and data load first, so their errors come before any server starts.
         self.hooks: RolloutHooks = load_hooks(args)
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)

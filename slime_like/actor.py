@@ -24,6 +24,7 @@ from slime_like.algorithms.aggregation import token_weights
 from slime_like.algorithms.dapo import overlong_penalty
 from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
 from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
+from slime_like.core.logs import setup_logging
 from slime_like.core.plugin_loader import load_plugin
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class TrainActor:
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
         )
+        # First, so that Megatron's import-time notes are logged (once per run: rank 0's console).
+        setup_logging("trainer", args.log_level, Path(args.output_dir) / "logs")
         from slime_like.megatron.engine import MegatronTrainEngine
         from slime_like.megatron.offload import TrainerOffload, materialize_optimizer_state
         from slime_like.megatron.parallel import init_parallel

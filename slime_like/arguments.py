@@ -8,6 +8,7 @@ import os
 from buffer.arguments import add_data_arguments
 from rollout.arguments import add_rollout_arguments, sglang_passthrough, validate_rollout_args
 from slime_like.core.errors import ArgumentError
+from slime_like.core.logs import LEVELS
 from slime_like.model_arguments import add_model_arguments, check_against_hf_config
 from slime_like.planner import add_plan_arguments, dry_run, load_hf_config
 from slime_like.training_arguments import (
@@ -35,6 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(parser)
     g = parser.add_argument_group("logging")
     g.add_argument("--output-dir", default="outputs/run", help="metrics.jsonl, plots and logs go here")
+    g.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LEVELS,
+        help="console of the driver, the rollout manager and trainer rank 0, and every process's file in "
+        "output-dir/logs/ (other trainer ranks show only warnings and errors on the console)",
+    )
     g.add_argument("--use-tensorboard", action="store_true")
     g.add_argument("--use-wandb", action="store_true")
     g.add_argument("--wandb-project", default="slime-like")

@@ -13,6 +13,7 @@ import ray
 from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
 from slime_like.actor_group import TrainGroup
+from slime_like.core.logs import setup_logging
 from slime_like.metrics_log import MetricsLogger
 from slime_like.placement import create_placement, start_ray
 
@@ -24,6 +25,7 @@ class Run:
 
     def __init__(self, args: Any) -> None:
         self.args = args
+        setup_logging("driver", args.log_level, Path(args.output_dir) / "logs")
         start_ray(args)
         placement = create_placement(args)
         self.use_gpu = placement.use_gpu

@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from slime_like.core.logs import setup_logging
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool (no heavy import: --help is instant)."""
@@ -32,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Check the arguments, build the model at the requested layout, load the HF weights, save."""
     args = parse_args(argv)
+    setup_logging("convert_hf_to_torch_dist")
     import torch
     from megatron.core import parallel_state
 

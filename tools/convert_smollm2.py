@@ -13,6 +13,8 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+from slime_like.core.logs import setup_logging
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -70,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     """Convert and print the output directory."""
     args = parse_args(argv)
+    setup_logging("convert_smollm2")
     out = convert(Path(args.gguf) if args.gguf else shipped_gguf(), Path(args.out), args.dtype)
     print(out)
     return out

@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from slime_like.core.logs import setup_logging
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool (no heavy import: --help is instant)."""
@@ -34,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Check the arguments, build the model, load the checkpoint, export HF weights from rank 0."""
     args = parse_args(argv)
+    setup_logging("convert_torch_dist_to_hf")
     import torch
     from megatron.core import parallel_state
 

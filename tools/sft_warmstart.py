@@ -12,6 +12,8 @@ import random
 import shutil
 from pathlib import Path
 
+from slime_like.core.logs import setup_logging
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool."""
@@ -29,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Train, then export the weights with the original config and tokenizer."""
     args = parse_args(argv)
+    setup_logging("sft_warmstart")
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer

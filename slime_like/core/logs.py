@@ -1,0 +1,82 @@
+"""Logging, set up once in every process of a run: one format, a file per process, the console by role.
+
+Each entry point and each Ray actor calls `setup_logging` first. The driver, the rollout manager and
+trainer rank 0 log to the console at --log-level (Ray forwards an actor's console to the driver); the
+other trainer ranks log only warnings and errors there, so a message every rank emits (Megatron's
+"Apex is not installed" fallback notes, say) is shown once per run, by rank 0. Every process also writes
+everything at --log-level to `<output-dir>/logs/<role>.log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(levelname)s %(role)s %(name)s: %(message)s"
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+OUR_PACKAGES = ("slime_like", "rollout", "buffer", "plugins", "tools", "__main__")
+
+
+class _Role(logging.Filter):
+    """Stamps every record with the process's role (driver, rollout, trainer_rank0, ...)."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.role = self.role
+        return True
+
+
+class _OursOrSevere(logging.Filter):
+    """Lets through our own records and any library's errors; library notes and warnings stay in the file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or record.name.split(".")[0] in OUR_PACKAGES
+
+
+def setup_logging(
+    role: str, level: str = "INFO", log_dir: str | Path | None = None, quiet: bool | None = None
+) -> Path | None:
+    """Configure this process's root logger; returns the log file (under `log_dir`, named after `role`), if any.
+
+    In a process with a RANK (trainer actors, torchrun workers) the role gets a `_rank<N>` suffix, and
+    `quiet` defaults to true on ranks after the first: their console keeps to our own warnings and every
+    error. Calling it again replaces only the handlers it added before (a test runner's stay).
+    """
+    if level.upper() not in LEVELS:
+        raise ValueError(f"--log-level {level!r}: choose one of {', '.join(LEVELS)}")
+    rank = os.environ.get("RANK")
+    if rank is not None:
+        role = f"{role}_rank{rank}"
+        quiet = int(rank) > 0 if quiet is None else quiet
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_slime_like", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    formatter = logging.Formatter(FORMAT, DATE_FORMAT)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel("WARNING" if quiet else level.upper())
+    if quiet:
+        console.addFilter(_OursOrSevere())
+    handlers: list[logging.Handler] = [console]
+    path = None
+    if log_dir is not None:
+        path = Path(log_dir) / f"{role}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        file = logging.FileHandler(path)
+        file.setLevel(level.upper())
+        handlers.append(file)
+    for handler in handlers:
+        handler._slime_like = True  # type: ignore[attr-defined]
+        handler.addFilter(_Role(role))
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+    # warnings.warn from libraries (Megatron's fallback notes among them) go through the same handlers.
+    logging.captureWarnings(True)
+    return path
