@@ -19,13 +19,16 @@ class TrainData:
     rollout_log_probs: list[list[float] | None] = field(default_factory=list)  # None: SGLang gave none
     sample_indices: list[int] = field(default_factory=list)
     weight_versions: list[int | None] = field(default_factory=list)
+    # True where a slime reward post-process already normalised the reward: the estimator takes it as it is.
+    # Empty (as in data built by hand) means False everywhere.
+    reward_normalized: list[bool] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def select(self, indices: list[int]) -> TrainData:
         """The rows at `indices`, in that order."""
-        return TrainData(**{name: [col[i] for i in indices] for name, col in self.__dict__.items()})
+        return TrainData(**{name: [col[i] for i in indices] if col else [] for name, col in self.__dict__.items()})
 
     def num_tokens(self) -> int:
         """Total tokens (prompt + response) over all rows."""
@@ -60,4 +63,5 @@ def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = Non
             data.rollout_log_probs.append(None if logprobs is None else list(logprobs))
             data.sample_indices.append(sample.index)
             data.weight_versions.append(sample.weight_version)
+            data.reward_normalized.append(bool(sample.metadata.get("reward_normalized")))
     return data

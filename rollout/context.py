@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +27,28 @@ class RolloutContext:
     # Set while a rollout aborts what still runs: generate functions send no new request and stop.
     aborting: bool = False
     inflight: set[str] = field(default_factory=set)  # rids of requests sent and not yet answered
+    evaluation: bool = False  # an eval, not a training rollout
+    loop: asyncio.AbstractEventLoop | None = None  # the loop the session belongs to (for code run in threads)
+    plugin_state: dict[str, Any] = field(default_factory=dict)  # what plugins keep for this rollout
 
     def count(self, key: str, n: int = 1) -> None:
         """Add to a named counter reported in the rollout metrics as `rollout/<key>`."""
         self.counters[key] = self.counters.get(key, 0) + n
+
+
+_current: ContextVar[RolloutContext | None] = ContextVar("rollout_context", default=None)
+
+
+def current_context() -> RolloutContext | None:
+    """The context of the rollout (or eval) running in this task or thread, if any."""
+    return _current.get()
+
+
+@contextmanager
+def running(ctx: RolloutContext) -> Iterator[RolloutContext]:
+    """Make `ctx` the current context (tasks and `asyncio.to_thread` calls started inside inherit it)."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)

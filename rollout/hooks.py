@@ -1,16 +1,44 @@
-"""Every rollout plugin named on the command line, loaded and checked once (before any server starts)."""
+"""Every rollout plugin named on the command line, loaded and checked once (before any server starts).
+
+Each hook follows our contract or slime's (rule: slime_like.core.plugin_loader); slime's are wrapped into
+ours here (rollout/slime_contract.py) or, where the call differs in shape, where they are called.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from rollout import slime_contract
 from rollout.filters import fifo_buffer_filter
 from rollout.generate import generate
 from rollout.rewards import RewardFunction, get_reward_function
-from slime_like.core.plugin_loader import load_plugin
+from slime_like.core.errors import PluginError
+from slime_like.core.plugin_loader import Signature, load_hook
 from slime_like.core.sample import Sample
+
+GENERATE_FLAG = "--custom-generate-function-path"
+SAMPLE_FILTER_FLAG = "--rollout-sample-filter-path"
+REWARD_POST_PROCESS_FLAG = "--custom-reward-post-process-path"
+
+# flag -> (args attribute, our signature, slime's signature, slime adapter or None when the caller adapts).
+HOOKS: dict[str, tuple[str, Signature, Signature, Callable[[Any], Any] | None]] = {
+    GENERATE_FLAG: ("custom_generate_function_path", (3, True), (3, True), slime_contract.generate_hook),
+    "--buffer-filter-path": ("buffer_filter_path", (3, False), (4, False), slime_contract.buffer_filter_hook),
+    "--dynamic-sampling-filter-path": (
+        "dynamic_sampling_filter_path",
+        (2, False),
+        (2, False),
+        slime_contract.dynamic_filter_hook,
+    ),
+    SAMPLE_FILTER_FLAG: ("rollout_sample_filter_path", (2, False), (2, False), None),
+    REWARD_POST_PROCESS_FLAG: ("custom_reward_post_process_path", (2, False), (2, False), None),
+    "--rollout-function-path": ("rollout_function_path", (3, True), (3, False), slime_contract.rollout_function_hook),
+    "--eval-function-path": ("eval_function_path", (3, True), (3, False), slime_contract.eval_function_hook),
+    # A class qualifies: its signature is that of __init__ without self (slime's takes args only).
+    "--data-source-path": ("data_source_path", (2, None), (1, None), slime_contract.data_source_hook),
+}
 
 
 @dataclass
@@ -27,29 +55,43 @@ class RolloutHooks:
     rollout_function: Callable[..., Awaitable[list[list[Sample]]]] | None = None
     eval_function: Callable[..., Awaitable[dict[str, Any]]] | None = None
     data_source_factory: Callable[[Any, Any], Any] | None = None
+    contracts: dict[str, str] = field(default_factory=dict)  # flag -> "native" | "slime", for the flags set
+
+    def follows_slime(self, flag: str) -> bool:
+        """Whether the hook of `flag` follows slime's contract."""
+        return self.contracts.get(flag) == "slime"
 
     async def close(self) -> None:
         """Release what the reward function holds (HTTP session, worker processes)."""
         await self.reward.close()
 
 
-def _optional(path: str | None, flag: str, params: int, is_async: bool | None = False) -> Any:
-    return load_plugin(path, flag, params=params, is_async=is_async) if path else None
-
-
 def load_hooks(args: Any) -> RolloutHooks:
     """Load every plugin flag of `args`; a bad path or signature raises PluginError naming the flag."""
-    gen_flag = "--custom-generate-function-path"
+    api = getattr(args, "plugin_api", "auto")
+    loaded: dict[str, Any] = {}
+    contracts: dict[str, str] = {}
+    for flag, (attr, native, slime, adapt) in HOOKS.items():
+        path = getattr(args, attr)
+        if not path:
+            continue
+        fn, contracts[flag] = load_hook(path, flag, api, native, slime)
+        loaded[flag] = adapt(fn) if contracts[flag] == "slime" and adapt is not None else fn
+    if args.group_generate and contracts.get(GENERATE_FLAG) == "slime":
+        path = args.custom_generate_function_path
+        raise PluginError(
+            f"--group-generate: {GENERATE_FLAG}={path!r} follows slime's contract, one sample at a time (--plugin-api)"
+        )
     return RolloutHooks(
-        generate=_optional(args.custom_generate_function_path, gen_flag, 3, is_async=True) or generate,
+        generate=loaded.get(GENERATE_FLAG) or generate,
         group_generate=bool(args.group_generate),
         reward=get_reward_function(args),
-        buffer_filter=_optional(args.buffer_filter_path, "--buffer-filter-path", 3) or fifo_buffer_filter,
-        dynamic_filter=_optional(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2),
-        sample_filter=_optional(args.rollout_sample_filter_path, "--rollout-sample-filter-path", 2),
-        reward_post_process=_optional(args.custom_reward_post_process_path, "--custom-reward-post-process-path", 2),
-        rollout_function=_optional(args.rollout_function_path, "--rollout-function-path", 3, is_async=True),
-        eval_function=_optional(args.eval_function_path, "--eval-function-path", 3, is_async=True),
-        # A class qualifies: its signature is that of __init__ without self.
-        data_source_factory=_optional(args.data_source_path, "--data-source-path", 2, is_async=None),
+        buffer_filter=loaded.get("--buffer-filter-path") or fifo_buffer_filter,
+        dynamic_filter=loaded.get("--dynamic-sampling-filter-path"),
+        sample_filter=loaded.get(SAMPLE_FILTER_FLAG),
+        reward_post_process=loaded.get(REWARD_POST_PROCESS_FLAG),
+        rollout_function=loaded.get("--rollout-function-path"),
+        eval_function=loaded.get("--eval-function-path"),
+        data_source_factory=loaded.get("--data-source-path"),
+        contracts=contracts,
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rollout import slime_contract
 from rollout.context import RolloutContext
+from rollout.hooks import REWARD_POST_PROCESS_FLAG, SAMPLE_FILTER_FLAG
 from slime_like.core.sample import Sample
 
 
@@ -37,9 +39,26 @@ def apply_reward_post_process(ctx: RolloutContext, groups: list[list[Sample]], f
             sample.reward = float(reward)
 
 
+def exclude_removed_samples(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
+    """Samples with `remove_sample` set (slime's flag) get loss mask 0, as the sample filter's rejects do."""
+    for sample in (s for g in groups for s in g):
+        if sample.remove_sample and not sample.metadata.get("excluded_from_loss"):
+            sample.loss_mask = [0] * sample.response_length
+            sample.metadata["excluded_from_loss"] = True
+            ctx.count("samples_excluded_from_loss")
+
+
 def finish_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
-    """Apply the configured post-rollout hooks to the groups that will train."""
-    if ctx.hooks.sample_filter is not None:
-        apply_sample_filter(ctx, groups, ctx.hooks.sample_filter)
-    if ctx.hooks.reward_post_process is not None:
-        apply_reward_post_process(ctx, groups, ctx.hooks.reward_post_process)
+    """Apply the configured post-rollout hooks to the groups that will train (slime's once, on all groups)."""
+    hooks = ctx.hooks
+    if hooks.sample_filter is not None:
+        if hooks.follows_slime(SAMPLE_FILTER_FLAG):
+            slime_contract.apply_sample_filter(ctx, groups, hooks.sample_filter)
+        else:
+            apply_sample_filter(ctx, groups, hooks.sample_filter)
+    exclude_removed_samples(ctx, groups)
+    if hooks.reward_post_process is not None:
+        if hooks.follows_slime(REWARD_POST_PROCESS_FLAG):
+            slime_contract.apply_reward_post_process(ctx, groups, hooks.reward_post_process)
+        else:
+            apply_reward_post_process(ctx, groups, hooks.reward_post_process)

@@ -66,13 +66,19 @@ class RewardFunction:
         inline: bool = False,
         counters: Counter[str] | None = None,
         on_close: Callable[[], Any] | None = None,
+        check: Callable[[Any], Any] | None = None,
     ) -> None:
         self.fn = fn
+        self.check = check or _check  # what a valid reward is (slime's contract allows any dict entries)
         self.per_group = per_group
         self.timeout = timeout  # None: the function enforces its own (worker pool, HTTP attempts)
         self.inline = inline  # cheap built-ins run on the loop; user code runs in a thread so it cannot block it
         self.counters = counters if counters is not None else Counter()
         self._on_close = on_close
+
+    async def compute(self, args: Any, item: Any) -> Any:
+        """The function's raw answer for one sample (or one group with --group-rm); raises what it raises."""
+        return await self._call(args, item)
 
     async def _call(self, args: Any, item: Any) -> Any:
         if _is_async(self.fn):
@@ -84,9 +90,14 @@ class RewardFunction:
         result = await (asyncio.wait_for(call, self.timeout) if self.timeout else call)
         return await result if inspect.isawaitable(result) else result
 
-    async def score_group(self, args: Any, group: list[Sample], count: Callable[[str, int], None]) -> None:
-        """Set `reward` on every sample of the group whose generation did not fail."""
-        usable = [s for s in group if s.status != Status.FAILED]
+    async def score_group(
+        self, args: Any, group: list[Sample], count: Callable[[str, int], None], *, keep_set: bool = False
+    ) -> None:
+        """Set `reward` on every sample of the group whose generation did not fail.
+
+        keep_set: samples whose reward is already set keep it (slime: a generate function may score its samples).
+        """
+        usable = [s for s in group if s.status != Status.FAILED and not (keep_set and s.reward is not None)]
         for s in group:
             if s.status == Status.FAILED:
                 s.reward = 0.0
@@ -98,7 +109,7 @@ class RewardFunction:
                 if not isinstance(rewards, list | tuple) or len(rewards) != len(usable):
                     raise TypeError(f"--group-rm function must return one reward per sample ({len(usable)})")
                 for sample, reward in zip(usable, rewards, strict=True):
-                    sample.reward = _check(reward)
+                    sample.reward = self.check(reward)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the user's reward code may raise anything; the run must go on
@@ -109,7 +120,7 @@ class RewardFunction:
 
     async def _score_one(self, args: Any, sample: Sample, count: Callable[[str, int], None]) -> None:
         try:
-            sample.reward = _check(await self._call(args, sample))
+            sample.reward = self.check(await self._call(args, sample))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the user's reward code may raise anything; the run must go on
@@ -193,8 +204,18 @@ def _builtin(name: str, args: Any) -> RewardFunction:
 def get_reward_function(args: Any) -> RewardFunction:
     """The run's reward: the `--custom-rm-path` plugin (per group with --group-rm), else `--rm-type`."""
     if args.custom_rm_path:
-        from slime_like.core.plugin_loader import load_plugin
+        from slime_like.core.plugin_loader import load_hook
 
-        fn = load_plugin(args.custom_rm_path, "--custom-rm-path", params=2)
+        api = getattr(args, "plugin_api", "auto")
+        fn, contract = load_hook(args.custom_rm_path, "--custom-rm-path", api, (2, None), (2, None))
+        if contract == "slime":
+            from rollout.slime_contract import check_reward, reward_hook
+
+            return RewardFunction(
+                reward_hook(fn),
+                per_group=args.group_rm,
+                timeout=args.rm_timeout,
+                check=lambda reward: check_reward(reward, args.reward_key),
+            )
         return RewardFunction(fn, per_group=args.group_rm, timeout=args.rm_timeout)
     return _builtin(args.rm_type, args)

@@ -30,6 +30,7 @@ def reset_sample(sample: Sample, metadata: dict[str, Any]) -> None:
     sample.tokens, sample.response, sample.response_length = [], "", 0
     sample.reward, sample.loss_mask, sample.rollout_log_probs = None, None, None
     sample.status, sample.weight_version, sample.metadata = Status.PENDING, None, dict(metadata)
+    sample.remove_sample, sample.weight_versions, sample.teacher_log_probs = False, [], None
 
 
 def return_to_buffer(ctx: RolloutContext, buffer: Buffer, groups: list[list[Sample]], origin: dict[int, Any]) -> None:
@@ -77,7 +78,7 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
                     continue
                 ctx.count("groups_generated")
                 verdict = apply_dynamic_filter(hooks.dynamic_filter, args, group)
-                if verdict.keep:
+                if verdict.keep or (verdict.keep_when_insufficient and len(kept) + len(running) < target):
                     kept.append(group)
                     continue
                 dropped += 1

@@ -40,6 +40,9 @@ class AdvantageInputs:
     ref_log_probs: list[torch.Tensor] | None = None  # the reference snapshot's, when a KL term is on
     rollout_log_probs: list[torch.Tensor | None] | None = None  # SGLang's, where the sample has them
     values: list[torch.Tensor] | None = None  # the critic's (ppo)
+    # Rewards a slime reward post-process already normalised: grpo/gspo/cispo take them as the advantage and
+    # reinforce_plus_plus_baseline skips its group baseline (what slime's post-process replaces).
+    rewards_normalized: bool = False
 
 
 @dataclass
@@ -80,12 +83,13 @@ def _builtin(args: Any, inputs: AdvantageInputs) -> Advantages:
     name, masks, rewards = args.advantage_estimator, inputs.loss_masks, inputs.rewards
     if name in ("grpo", "gspo", "cispo"):
         use_std = not args.disable_grpo_std_normalization
-        return Advantages(_broadcast(grpo_advantages(rewards, inputs.group_ids, use_std), masks))
+        scalars = rewards if inputs.rewards_normalized else grpo_advantages(rewards, inputs.group_ids, use_std)
+        return Advantages(_broadcast(scalars, masks))
     if name == "rloo":
         return Advantages(_broadcast(rloo_advantages(rewards, inputs.group_ids), masks))
     kls = _kls(inputs, args.kl_coef)
     if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        groups = inputs.group_ids if name == "reinforce_plus_plus_baseline" else None
+        groups = inputs.group_ids if name == "reinforce_plus_plus_baseline" and not inputs.rewards_normalized else None
         advantages, returns = reinforce_pp_advantages(rewards, masks, kls, args.kl_coef, args.gamma, groups)
         return Advantages(advantages, returns)
     if name == "ppo":

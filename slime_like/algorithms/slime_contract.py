@@ -1,0 +1,153 @@
+"""Custom loss and advantage hooks written for slime, run by our trainer (docs/plugins.md, "Plugins written for slime").
+
+slime calls a custom loss as `fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)` and a custom
+advantage estimator as `fn(args, rollout_data) -> None`, which sets `rollout_data["advantages"]` and
+`["returns"]`. The adapters here build slime's arguments from ours at the call boundary:
+
+- Our engine hands a loss per-token log-probs and entropies of the responses, not the [1, T, V] logits. The
+  `logits` a slime loss gets is a `ResponseLogits`, which `get_log_probs_and_entropy` (also importable as
+  `slime.backends.megatron_utils.loss.get_log_probs_and_entropy`) turns into them; any other use of the
+  logits raises an error that says so.
+- `sum_of_sample_mean(x)` sums x (the batch's response tokens, concatenated) weighted by our --loss-agg-mode
+  coefficients, so the loss is the micro-batch's share of the step objective as our engine expects (with
+  the default seq-mean-token-mean it is slime's per-sample mean over the global batch).
+- `rollout_data["rewards"]` are slime's normalised rewards (the group mean removed, divided by the group's
+  std for grpo/gspo/cispo unless --disable-grpo-std-normalization), or those a slime reward post-process
+  returned; `raw_reward` holds the task rewards. `kl` is slime's: log pi_old vs the reference by
+  --kl-loss-type when --kl-coef is set, else zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rollout.slime_contract import slime_args
+from slime_like.algorithms.advantages import AdvantageInputs, Advantages
+from slime_like.algorithms.grpo import grpo_advantages
+from slime_like.algorithms.kl import kl_estimate
+
+Rows = list[dict[str, Any]]
+# Estimators whose rewards slime normalises per group before the estimator runs (rewards_normalization).
+NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+
+
+class ResponseLogits:
+    """Stands in for slime's logits: the responses' per-token log-probs and entropies (with their graphs)."""
+
+    def __init__(self, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None) -> None:
+        self.log_probs = log_probs
+        self.entropy = entropy
+
+    @property
+    def device(self) -> torch.device:
+        """The device the log-probs are on."""
+        return self.log_probs[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """float32, as slime asserts."""
+        return torch.float32
+
+    def sum(self) -> torch.Tensor:
+        """A zero that keeps the graph (slime losses add `0 * logits.sum()` so every rank backpropagates)."""
+        return sum((lp.sum() for lp in self.log_probs), self.log_probs[0].new_zeros(())) * 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"logits.{name}: slime_like hands custom losses the responses' log-probs and entropies, not the "
+            "vocabulary logits; get them with slime.backends.megatron_utils.loss.get_log_probs_and_entropy(logits, ...)"
+        )
+
+
+def get_log_probs_and_entropy(
+    logits: ResponseLogits, *, with_entropy: bool = False, **_: Any
+) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+    """slime's helper on our stand-in: (empty tensor, {"log_probs": [...], "entropy": [...]}) per response."""
+    if not isinstance(logits, ResponseLogits):
+        raise TypeError("get_log_probs_and_entropy takes the `logits` a custom loss was handed by slime_like")
+    out = {"log_probs": list(logits.log_probs)}
+    if with_entropy:
+        if logits.entropy is None:
+            raise ValueError("the engine computed no entropies for this loss")
+        out["entropy"] = list(logits.entropy)
+    return logits.log_probs[0].new_empty((0,)), out
+
+
+def slime_batch(rows: Rows) -> dict[str, Any]:
+    """slime's `batch` for a loss: one entry per sample of the micro-batch (rows carry "tokens" for this)."""
+    batch: dict[str, Any] = {
+        "unconcat_tokens": [r["tokens"] for r in rows],
+        "tokens": [r["tokens"] for r in rows],
+        "total_lengths": [len(r["tokens"]) for r in rows],
+        "response_lengths": [r["response_length"] for r in rows],
+        "loss_masks": [r["loss_mask"] for r in rows],
+        "rollout_mask_sums": [r["loss_mask"].sum() for r in rows],
+        "advantages": [r["advantages"] for r in rows],
+        "returns": [r.get("returns", r["advantages"]) for r in rows],
+        "log_probs": [r["old_log_probs"] for r in rows],
+    }
+    for ours, theirs in (("ref_log_probs", "ref_log_probs"), ("rollout_log_probs", "rollout_log_probs"),
+                         ("old_values", "values")):  # fmt: skip
+        if all(ours in r for r in rows):
+            batch[theirs] = [r[ours] for r in rows]
+    return batch
+
+
+def slime_loss_fn(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    """Our engine's loss function around a slime custom loss (--custom-loss-function-path)."""
+    view = slime_args(args)
+
+    def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor] | None = None):
+        lengths = [r["response_length"] for r in rows]
+        resp = [lp[-n:] for lp, n in zip(log_probs, lengths, strict=True)]
+        ents = None if entropy is None else [e[-n:] for e, n in zip(entropy, lengths, strict=True)]
+        weights = torch.cat([r["token_weight"] for r in rows])
+
+        def sum_of_sample_mean(x: torch.Tensor) -> torch.Tensor:
+            return (x * weights).sum()
+
+        loss, metrics = fn(view, slime_batch(rows), ResponseLogits(resp, ents), sum_of_sample_mean)
+        return loss, {k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()}
+
+    return loss_fn
+
+
+def slime_rewards(args: Any, inputs: AdvantageInputs) -> list[float]:
+    """The rewards slime hands its advantage code: normalised per group for grpo-like estimators."""
+    name = args.advantage_estimator
+    if inputs.rewards_normalized or name not in NORMALISED:
+        return list(inputs.rewards)
+    use_std = name != "reinforce_plus_plus_baseline" and not args.disable_grpo_std_normalization
+    return grpo_advantages(inputs.rewards, inputs.group_ids, use_std)
+
+
+def slime_advantages(args: Any, inputs: AdvantageInputs, fn: Callable[..., Any], tokens: list[list[int]]) -> Advantages:
+    """Run a slime custom advantage function on slime's `rollout_data`; its advantages (and returns)."""
+    lp = inputs.log_probs
+    if args.use_rollout_logprobs and inputs.rollout_log_probs and all(r is not None for r in inputs.rollout_log_probs):
+        lp = list(inputs.rollout_log_probs)  # type: ignore[arg-type]
+    if args.kl_coef and inputs.ref_log_probs is not None:
+        kl = [kl_estimate(a, b, args.kl_loss_type) for a, b in zip(lp, inputs.ref_log_probs, strict=True)]
+    else:
+        kl = [torch.zeros_like(x, dtype=torch.float32) for x in lp]
+    rollout_data: dict[str, Any] = {
+        "tokens": [torch.tensor(t) for t in tokens],
+        "total_lengths": [len(t) for t in tokens],
+        "response_lengths": [len(m) for m in inputs.loss_masks],
+        "loss_masks": inputs.loss_masks,
+        "rewards": slime_rewards(args, inputs),
+        "raw_reward": list(inputs.rewards),
+        "log_probs": lp,
+        "kl": kl,
+    }
+    for key in ("ref_log_probs", "rollout_log_probs", "values"):
+        if getattr(inputs, key) is not None:
+            rollout_data[key] = getattr(inputs, key)
+    fn(slime_args(args), rollout_data)
+    if "advantages" not in rollout_data:
+        raise ValueError("--custom-advantage-function-path (slime's contract) must set rollout_data['advantages']")
+    returns = rollout_data.get("returns")
+    return Advantages(list(rollout_data["advantages"]), None if returns is None else list(returns))

@@ -1,0 +1,1 @@
+"""slime.rollout: generation, rewards, filters, data sources and rollout output types."""
