@@ -5,8 +5,10 @@ Example (any TP/PP/EP; the process count is torchrun's):
       --tensor-model-parallel-size 2 $(cat-your-model-args)   # e.g. the MODEL_ARGS of scripts/models/qwen3-4B.sh
 A single process needs no torchrun. Megatron architecture flags (--num-layers, --hidden-size, ...) are
 optional; each one given is checked against the HF config, and a mismatch stops the tool naming the
-flag and the config field. The result is model-only and loads at any parallel layout, with the
-engine's --load or with tools/convert_torch_dist_to_hf.py.
+flag and the config field. The result is model-only and loads at any parallel layout. It is written in
+Megatron-LM's release layout, as slime's converter writes it: <save>/release/ (torch_dist) and
+<save>/latest_checkpointed_iteration.txt holding "release", for --ref-load, --load and
+tools/convert_torch_dist_to_hf.py. The directory appears whole or not at all (written aside, then renamed).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json and safetensors)")
-    p.add_argument("--save", required=True, help="output torch_dist directory (created)")
+    p.add_argument("--save", required=True, help="output directory: release/ and the tracker file are written there")
     add_parallel_arguments(p)
     add_model_arguments(p)
     return p.parse_args(argv)
@@ -35,21 +37,45 @@ def main(argv: list[str] | None = None) -> None:
     """Check the arguments, build the model at the requested layout, load the HF weights, save."""
     args = parse_args(argv)
     setup_logging("convert_hf_to_torch_dist")
+    _check_save_dir(args.save)
     import torch
     from megatron.core import parallel_state
 
+    from slime_like.megatron import checkpoint_layout as layout
     from slime_like.megatron.checkpoint import save_checkpoint
     from slime_like.megatron.checkpoint_conversion import prepare_model
     from slime_like.megatron.model import load_hf_weights
 
     bridge, model, ours = prepare_model(args, "convert_hf_to_torch_dist")
     load_hf_weights(bridge, model, args.hf_checkpoint)
-    save_checkpoint(args.save, model, rng=False)
-    if torch.distributed.get_rank() == 0:
-        print(f"wrote {args.save}")
+    rank0 = torch.distributed.get_rank() == 0
+    if rank0:
+        layout.begin_save(args.save, None)
+    torch.distributed.barrier()
+    tmp = layout.temporary_dir(args.save, None)
+    save_checkpoint(tmp, model, rng=False)  # every rank writes its shards; ends with a barrier
+    if rank0:
+        print(f"wrote {layout.commit_save(args.save, None, tmp)}")
     torch.distributed.barrier()
     if ours:
         parallel_state.destroy_model_parallel()  # the process group stays: callers may convert again
+
+
+def _check_save_dir(save: str) -> None:
+    """Exit naming the problem when --save holds a training run (its tracker names an iteration)."""
+    from slime_like.megatron.checkpoint_layout import TRACKER, CheckpointError, read_tracker
+
+    if not os.path.isfile(os.path.join(save, TRACKER)):
+        return
+    try:
+        iteration = read_tracker(save)
+    except CheckpointError as exc:
+        sys.exit(f"convert_hf_to_torch_dist: --save {save}: {exc}")
+    if iteration is not None:
+        sys.exit(
+            f"convert_hf_to_torch_dist: --save {save} holds a training run (its {TRACKER} names iteration "
+            f"{iteration}); writing release/ there would hide it: choose another --save directory"
+        )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Convert a Megatron torch_dist checkpoint (the engine's --save, or convert_hf_to_torch_dist's) to an HF directory.
+"""Convert a Megatron torch_dist checkpoint (the engine's --save, slime's, or convert_hf_to_torch_dist's) to HF.
 
 Example:
-  torchrun --nproc_per_node 2 tools/convert_torch_dist_to_hf.py --load run/iter_10 \\
+  torchrun --nproc_per_node 2 tools/convert_torch_dist_to_hf.py --load run/iter_0000009 \\
       --hf-checkpoint qwen3-4B --save qwen3-4B-step10 --tensor-model-parallel-size 2
+--load is a run directory (the checkpoint its latest_checkpointed_iteration.txt names, "release" included),
+one iter_XXXXXXX/ or release/ directory, or a plain torch_dist directory. Only the model weights are read.
 --hf-checkpoint is the original HF directory: the model is built from its config, and its config,
 tokenizer, chat template and generation config are copied next to the new weights. The layout used
 here may differ from the one the checkpoint was saved with (the model weights are resharded). A
@@ -24,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from slime_like.model_arguments import add_model_arguments
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--load", required=True, help="torch_dist checkpoint directory")
+    p.add_argument("--load", required=True, help="run directory (tracker), iter_*/release directory or torch_dist dir")
     p.add_argument("--hf-checkpoint", required=True, help="the original HF directory (config and tokenizer)")
     p.add_argument("--save", required=True, help="output HF directory (created)")
     p.add_argument("--max-shard-size-gb", type=float, default=5.0, help="size of each safetensors file")
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     from slime_like.megatron.model import export_hf_weights
 
     bridge, model, ours = conv.prepare_model(args, "convert_torch_dist_to_hf")
+    args.load = _checkpoint_dir(args.load)
     problems = conv.checkpoint_shape_problems(args.load, model_sharded_state_dict(model))
     if problems:
         sys.exit(
@@ -64,6 +67,27 @@ def main(argv: list[str] | None = None) -> None:
     torch.distributed.barrier()
     if ours:
         parallel_state.destroy_model_parallel()  # the process group stays: callers may convert again
+
+
+def _checkpoint_dir(load: str) -> str:
+    """The torch_dist directory --load names (exit naming the problem when there is none or it is incomplete)."""
+    from slime_like.megatron.checkpoint_layout import CheckpointError, find_checkpoint
+
+    try:
+        checkpoint = find_checkpoint(load, "--load")
+    except (CheckpointError, OSError) as exc:
+        sys.exit(f"convert_torch_dist_to_hf: {exc}")
+    if checkpoint is not None:
+        if checkpoint.note:
+            print(checkpoint.note, file=sys.stderr)
+        return str(checkpoint.directory)
+    if not os.path.isfile(os.path.join(load, "metadata.json")):
+        sys.exit(
+            f"convert_torch_dist_to_hf: --load {load}: no torch_dist checkpoint there (no "
+            "latest_checkpointed_iteration.txt, no metadata.json): give a run directory, an iter_XXXXXXX/ or "
+            "release/ directory"
+        )
+    return load
 
 
 if __name__ == "__main__":

@@ -95,8 +95,10 @@ def test_checkpoint_of_another_config_is_refused_by_tensor(tiny_qwen3, megatron_
 
 
 def test_engine_loads_a_converted_checkpoint(tiny_qwen3, megatron_world, tmp_path) -> None:
-    """An engine built from tiny_qwen3 takes other weights from a converted (model-only) checkpoint and trains on."""
+    """The converter writes Megatron-LM's release layout; an engine built from tiny_qwen3 takes other weights from it
+    (logits equal to an engine built from those HF weights) and trains on."""
     from slime_like.megatron.checkpoint_conversion import copy_model_files, write_safetensors
+    from slime_like.megatron.checkpoint_layout import find_checkpoint
     from slime_like.megatron.engine import MegatronTrainEngine
     from slime_like.megatron.optimizer import OptimizerSettings
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
@@ -111,14 +113,27 @@ def test_engine_loads_a_converted_checkpoint(tiny_qwen3, megatron_world, tmp_pat
     copy_model_files(tiny_qwen3, other)
     convert_hf_to_torch_dist.main(["--hf-checkpoint", str(other), "--save", str(tmp_path / "td")])
 
+    # As slime's converter: <save>/release/ and a tracker holding "release" (no newline), nothing left aside.
+    assert (tmp_path / "td" / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert sorted(p.name for p in (tmp_path / "td").iterdir()) == ["latest_checkpointed_iteration.txt", "release"]
+    checkpoint = find_checkpoint(tmp_path / "td")
+    assert checkpoint.directory == tmp_path / "td" / "release" and checkpoint.release
+
     engine = MegatronTrainEngine(tiny_qwen3, settings, max_tokens_per_micro_batch=40)
     assert not torch.equal(engine.forward_logprobs(seqs)[0], trained.forward_logprobs(seqs)[0])
-    engine.load_checkpoint(tmp_path / "td")
+    engine.load_checkpoint(checkpoint.directory)
     fresh = MegatronTrainEngine(other, settings, max_tokens_per_micro_batch=40)
     for got, want in zip(engine.forward_logprobs(seqs), fresh.forward_logprobs(seqs), strict=True):
         assert torch.equal(got, want)
     # The optimizer follows the loaded weights: the next step is the one of an engine built from them.
     assert engine.train_step(seqs, [None] * len(seqs), loss_fn) == fresh.train_step(seqs, [None] * len(seqs), loss_fn)
+    # Back to HF from a plain torch_dist directory (as the engine writes one: optimizer and RNG too, skipped).
+    trained.save_checkpoint(tmp_path / "plain")
+    back = ["--hf-checkpoint", str(tiny_qwen3), "--save", str(tmp_path / "back")]
+    convert_torch_dist_to_hf.main(["--load", str(tmp_path / "plain"), *back])
+    _assert_same_weights(tmp_path / "back", other)
+    with pytest.raises(SystemExit, match="no torch_dist checkpoint there"):
+        convert_torch_dist_to_hf.main(["--load", str(tmp_path), *back])
 
 
 def test_tools_help_is_instant() -> None:

@@ -1,0 +1,237 @@
+"""Megatron-LM's checkpoint directory layout (as slime saves and loads it), written atomically.
+
+    <root>/latest_checkpointed_iteration.txt   "<iteration>" or "release" (no newline); replaced last
+    <root>/iter_0000019/                        one checkpoint; the iteration is the 0-based rollout id
+        metadata.json, common.pt, .metadata, __*_*.distcp   Megatron torch_dist (metadata.json written last)
+        critic/                                 PPO's critic, a torch_dist checkpoint of its own (ours)
+        slime_like_state.json                   rollout id and data/buffer state (ours)
+        slime_like_complete                     completion marker, written after everything else (ours)
+    <root>/release/                             a model-only checkpoint (tools/convert_hf_to_torch_dist.py)
+
+A save writes into the sibling `iter_XXXXXXX.tmp/`, renames it into place, then replaces the tracker: a save
+cut off midway leaves only the temporary directory, and the tracker names the previous checkpoint. A directory
+with our state file but no marker (a partial copy) is never loaded. A directory without our state file is
+someone else's (slime's, Megatron's, the converter's): complete when Megatron's metadata.json is there.
+Pure Python (no torch): argument checks use it before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"
+STATE_FILE = "slime_like_state.json"
+COMPLETE_MARKER = "slime_like_complete"
+CRITIC_DIR = "critic"
+_TORCH_DIST_MARKER = "metadata.json"  # Megatron's dist_checkpointing writes it when all shards are written
+_ITER_RE = re.compile(r"iter_(\d{7})")
+_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names it and what to do."""
+
+
+def iteration_dir(root: str | Path, iteration: int | None) -> Path:
+    """The directory of an iteration (None: the release checkpoint) under a run's save directory."""
+    return Path(root) / (RELEASE if iteration is None else f"iter_{iteration:07d}")
+
+
+def parse_dir_name(name: str) -> tuple[bool, int | None]:
+    """(is a checkpoint directory name, its iteration): `iter_0000019` -> (True, 19), `release` -> (True, None)."""
+    if name == RELEASE:
+        return True, None
+    match = _ITER_RE.fullmatch(name)
+    return (True, int(match.group(1))) if match else (False, None)
+
+
+def read_tracker(root: str | Path) -> int | None:
+    """The iteration latest_checkpointed_iteration.txt names (None: release)."""
+    path = Path(root) / TRACKER
+    text = path.read_text().strip()
+    if text == RELEASE:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(
+            f"{path} holds {text[:40]!r}, not an iteration number or 'release': fix or delete the file"
+        ) from None
+
+
+def write_tracker(root: str | Path, iteration: int | None) -> None:
+    """Atomically replace the tracker: a temporary file, flushed to disk, then os.replace."""
+    path = Path(root) / TRACKER
+    tmp = path.with_name(f".{TRACKER}.tmp")
+    with open(tmp, "w") as f:
+        f.write(RELEASE if iteration is None else str(iteration))  # as Megatron writes it: no newline
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def incomplete_reason(directory: str | Path) -> str | None:
+    """Why a checkpoint directory cannot be loaded (None: it is complete)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return "does not exist"
+    if (directory / STATE_FILE).exists():
+        if not (directory / COMPLETE_MARKER).exists():
+            return f"has no {COMPLETE_MARKER} marker: its save was cut off (or it is a partial copy)"
+        return None
+    if not (directory / _TORCH_DIST_MARKER).exists():
+        return f"has no Megatron {_TORCH_DIST_MARKER}: its save was cut off, or it is not a torch_dist checkpoint"
+    return None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One loadable checkpoint directory, its iteration (None: release), and a note when it is not the one the
+    tracker names (that one was cut off): the caller logs it."""
+
+    directory: Path
+    iteration: int | None
+    note: str | None = None
+
+    @property
+    def release(self) -> bool:
+        """A release checkpoint (converted weights): model only, loaded as a fresh start."""
+        return self.iteration is None
+
+    def state(self) -> dict[str, Any] | None:
+        """Our state file (rollout id, data/buffer state); None for a checkpoint written by slime or Megatron."""
+        path = self.directory / STATE_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+def _iterations(root: Path) -> list[int]:
+    """The iterations with an `iter_XXXXXXX` directory under root, ascending."""
+    found = []
+    for path in root.iterdir() if root.is_dir() else ():
+        is_ckpt, iteration = parse_dir_name(path.name)
+        if is_ckpt and iteration is not None and path.is_dir():
+            found.append(iteration)
+    return sorted(found)
+
+
+def find_checkpoint(path: str | Path, flag: str = "--load") -> Checkpoint | None:
+    """The checkpoint `flag` names: a run's save directory (tracker) or one iter_*/release directory.
+
+    None when there is none (no tracker, not a checkpoint directory). When the tracker names a checkpoint
+    that is missing or incomplete, the newest complete one before it is used (its note says so); an
+    incomplete directory named directly, or no complete one at all, is a CheckpointError.
+    """
+    path = Path(path)
+    if (path / TRACKER).is_file():
+        wanted = read_tracker(path)
+        target = iteration_dir(path, wanted)
+        reason = incomplete_reason(target)
+        if reason is None:
+            return Checkpoint(target, wanted)
+        earlier = [i for i in _iterations(path) if wanted is not None and i < wanted]
+        complete = [i for i in earlier if incomplete_reason(iteration_dir(path, i)) is None]
+        if not complete:
+            raise CheckpointError(
+                f"{flag} {path}: {TRACKER} names {target.name}, which {reason}, and there is no earlier complete "
+                f"checkpoint there: point {flag} at a complete checkpoint, or remove {path / TRACKER} to start fresh"
+            )
+        fallback = iteration_dir(path, complete[-1])
+        note = f"{flag} {path}: {target.name} {reason}; using the previous complete checkpoint, {fallback.name}"
+        return Checkpoint(fallback, complete[-1], note)
+    is_ckpt, iteration = parse_dir_name(path.name)
+    if not is_ckpt:
+        return None
+    reason = incomplete_reason(path)
+    if reason is not None:
+        raise CheckpointError(
+            f"{flag} {path}: this checkpoint {reason}; load an earlier one, or give its run directory "
+            f"({path.parent}) to load the newest complete checkpoint"
+        )
+    return Checkpoint(path, iteration)
+
+
+def require_checkpoint(path: str | Path, flag: str) -> Checkpoint:
+    """find_checkpoint, raising CheckpointError when `path` holds no Megatron checkpoint."""
+    found = find_checkpoint(path, flag)
+    if found is None:
+        raise CheckpointError(
+            f"{flag} {path}: no Megatron checkpoint there (no {TRACKER}, and not an iter_XXXXXXX or {RELEASE} "
+            "directory); make one from HF weights with tools/convert_hf_to_torch_dist.py"
+        )
+    return found
+
+
+def write_state(directory: str | Path, rollout_id: int, rollout_state: dict[str, Any]) -> None:
+    """Write our state file into a checkpoint being saved."""
+    state = {"format": _FORMAT, "rollout_id": rollout_id, "rollout_state": rollout_state}
+    (Path(directory) / STATE_FILE).write_text(json.dumps(state))
+
+
+def temporary_dir(root: str | Path, iteration: int | None) -> Path:
+    """Where a checkpoint is written before it is renamed into place: `iter_XXXXXXX.tmp` (or `release.tmp`)."""
+    final = iteration_dir(root, iteration)
+    return final.with_name(final.name + ".tmp")
+
+
+def begin_save(root: str | Path, iteration: int | None) -> Path:
+    """Create the empty temporary directory a checkpoint is written into (one process; the others wait)."""
+    tmp = temporary_dir(root, iteration)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a save that was cut off
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit_save(root: str | Path, iteration: int | None, tmp: Path, keep_last: int | None = None) -> Path:
+    """Mark a written checkpoint complete, rename it into place, then replace the tracker; with keep_last,
+    delete older checkpoints. Returns the checkpoint's directory."""
+    root = Path(root)
+    final = iteration_dir(root, iteration)
+    (tmp / COMPLETE_MARKER).write_text(json.dumps({"iteration": iteration}))
+    replaced = None
+    if final.exists():  # the same iteration saved again (a run resumed from an earlier checkpoint)
+        replaced = final.with_name(final.name + ".old")
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(final, replaced)
+    os.rename(tmp, final)
+    write_tracker(root, iteration)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    if keep_last and iteration is not None:
+        prune(root, iteration, keep_last)
+    return final
+
+
+@contextmanager
+def saving(root: str | Path, iteration: int | None, keep_last: int | None = None) -> Iterator[Path]:
+    """begin_save, yield the temporary directory to write into, then commit_save; on an error it is removed."""
+    tmp = begin_save(root, iteration)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    commit_save(root, iteration, tmp, keep_last)
+
+
+def prune(root: str | Path, current: int, keep_last: int) -> list[Path]:
+    """Delete complete iter_* checkpoints up to `current` but the newest keep_last; release and later ones stay."""
+    root = Path(root)
+    older = [i for i in _iterations(root) if i <= current and incomplete_reason(iteration_dir(root, i)) is None]
+    removed = [iteration_dir(root, i) for i in older[: max(0, len(older) - keep_last)]]
+    for path in removed:
+        shutil.rmtree(path)
+        logger.info("removed %s (--keep-last-n-checkpoints %d)", path, keep_last)
+    return removed
