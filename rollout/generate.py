@@ -138,6 +138,9 @@ async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[st
     params = dict(sampling_params)
     # A partially generated sample continues where it stopped, within the same length budget.
     params["max_new_tokens"] = sampling_params["max_new_tokens"] - sample.response_length
+    context = getattr(ctx.args, "rollout_max_context_len", None)
+    if context is not None:  # prompt + response within --rollout-max-context-len (tokens holds both so far)
+        params["max_new_tokens"] = min(params["max_new_tokens"], context - len(sample.tokens))
     if params["max_new_tokens"] <= 0:
         sample.status = Status.TRUNCATED
         return sample

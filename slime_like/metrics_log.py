@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,7 @@ class MetricsLogger:
                 import wandb
             except ImportError as exc:
                 raise RuntimeError("--use-wandb needs the wandb package: pip install wandb") from exc
-            self.wandb = wandb.init(
-                project=getattr(args, "wandb_project", "slime-like"), config=vars(args) if args else None
-            )
+            self.wandb = wandb.init(**wandb_init_kwargs(args, wandb))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one record and print the summary line."""
@@ -101,3 +100,23 @@ def plot_metrics(metrics_path: str | Path, out: str | Path) -> Path | None:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return Path(out)
+
+
+def wandb_init_kwargs(args: Any, wandb: Any = None) -> dict[str, Any]:
+    """wandb.init's arguments from the --wandb-* flags, as slime: --wandb-key/--wandb-host log in first, the run
+    is named after --wandb-group plus a random 6-character suffix (unless --disable-wandb-random-suffix)."""
+    key, host = getattr(args, "wandb_key", None), getattr(args, "wandb_host", None)
+    if wandb is not None and (key or host):
+        wandb.login(key=key, host=host)
+    group = getattr(args, "wandb_group", None)
+    name = group
+    if group and getattr(args, "wandb_random_suffix", True):
+        name = f"{group}_{secrets.token_hex(3)}"
+    config = {k: v for k, v in vars(args).items() if k != "wandb_key"} if args is not None else None
+    return {
+        "project": getattr(args, "wandb_project", "slime-like"),
+        "entity": getattr(args, "wandb_team", None),
+        "group": group,
+        "name": name,
+        "config": config,
+    }

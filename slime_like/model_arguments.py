@@ -56,6 +56,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("moe-grouped-gemm", "moe-permute-fusion", "moe-router-pre-softmax", "moe-router-enable-expert-bias",
                  "attention-softmax-in-fp32"):  # fmt: skip
         g.add_argument(f"--{flag}", action="store_true")
+    # Architecture switches of slime's model files (some from slime's Megatron patch): the HF config and the
+    # family registry decide the architecture, so these are accepted as the model's description.
+    for flag in ("apply-layernorm-1p", "no-position-embedding", "rotary-interleaved", "use-rope-scaling",
+                 "attention-output-gate", "use-gated-attention", "post-self-attn-layernorm", "post-mlp-layernorm",
+                 "moe-shared-expert-gate"):  # fmt: skip
+        g.add_argument(f"--{flag}", action="store_true")
+    g.add_argument("--spec", nargs="*", default=None, help="slime's layer-spec module: the family registry's here")
 
 
 def _hf(config: Any, names: str | tuple[str, ...]) -> Any:

@@ -1,4 +1,4 @@
-"""Megatron's optimizer (Adam, optional distributed optimizer) and learning-rate scheduler."""
+"""Megatron's optimizer (Adam or SGD, optional distributed optimizer, CPU offload on GPU) and learning-rate scheduler."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ class OptimizerSettings:
     lr_warmup_steps: int = 0
     lr_decay_steps: int | None = None  # None: constant lr after warmup
     lr_decay_style: str = "constant"  # constant, linear, cosine, inverse-square-root
+    optimizer: str = "adam"  # adam (AdamW-style decoupled decay) or sgd
+    sgd_momentum: float = 0.9
+    # GPU only (the trainer passes False without CUDA): megatron-core's HybridDeviceOptimizer and TE's FusedAdam.
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 1.0
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    use_precision_aware_optimizer: bool = False
 
 
 def build_optimizer(model: list[torch.nn.Module], settings: OptimizerSettings, params_dtype: torch.dtype):
@@ -32,7 +39,12 @@ def build_optimizer(model: list[torch.nn.Module], settings: OptimizerSettings, p
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     config = OptimizerConfig(
-        optimizer="adam",
+        optimizer=settings.optimizer,
+        sgd_momentum=settings.sgd_momentum,
+        optimizer_cpu_offload=settings.optimizer_cpu_offload,
+        optimizer_offload_fraction=settings.optimizer_offload_fraction,
+        overlap_cpu_optimizer_d2h_h2d=settings.overlap_cpu_optimizer_d2h_h2d,
+        use_precision_aware_optimizer=settings.use_precision_aware_optimizer,
         lr=settings.lr,
         min_lr=settings.min_lr,
         weight_decay=settings.weight_decay,

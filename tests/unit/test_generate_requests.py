@@ -42,7 +42,9 @@ class FakeSGLang:
         return web.Response()
 
 
-async def run(script: list[Any], aborting: bool = False) -> tuple[FakeSGLang, Sample, dict[str, int]]:
+async def run(
+    script: list[Any], aborting: bool = False, context_len: int | None = None
+) -> tuple[FakeSGLang, Sample, dict[str, int]]:
     fake = FakeSGLang(script)
     app = web.Application()
     app.router.add_post("/generate", fake.generate)
@@ -55,7 +57,14 @@ async def run(script: list[Any], aborting: bool = False) -> tuple[FakeSGLang, Sa
     sample = Sample(tokens=[1, 2, 3], index=5)
     try:
         async with aiohttp.ClientSession() as session:
-            ctx = RolloutContext(Namespace(rollout_seed=1), None, url, session, asyncio.Semaphore(2), server_urls=[url])
+            ctx = RolloutContext(
+                Namespace(rollout_seed=1, rollout_max_context_len=context_len),
+                None,
+                url,
+                session,
+                asyncio.Semaphore(2),
+                server_urls=[url],
+            )
             ctx.aborting = aborting
             await generate(ctx, sample, {"max_new_tokens": 4, "temperature": 1.0})
     finally:
@@ -88,3 +97,9 @@ def test_an_abort_the_rollout_did_not_ask_for_is_a_failure() -> None:
 def test_a_client_error_is_not_retried() -> None:
     fake, sample, counters = asyncio.run(run([400]))
     assert len(fake.generated) == 1 and sample.status == Status.FAILED and counters == {}
+
+
+def test_rollout_max_context_len_caps_new_tokens() -> None:
+    # 3 prompt tokens, --rollout-max-context-len 5: at most 2 new tokens although the response budget is 4.
+    fake, _, _ = asyncio.run(run(["length"], context_len=5))
+    assert fake.generated[0]["sampling_params"]["max_new_tokens"] == 2
