@@ -17,7 +17,10 @@ from slime_like.core.sample import Sample, Status, scalar_reward
 def eval_sampling_params(args: Any) -> dict[str, Any]:
     """The eval sampling parameters: the rollout's, with the `--eval-*` overrides."""
     params = sampling_params_from_args(args)
-    params.update(temperature=args.eval_temperature, top_p=args.eval_top_p, top_k=args.eval_top_k)
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(args, f"eval_{name}")
+        if value is not None:  # else the rollout's own, as sampling_params_from_args set it
+            params[name] = value
     if args.eval_max_response_len:
         params["max_new_tokens"] = args.eval_max_response_len
     return params

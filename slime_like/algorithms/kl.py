@@ -2,8 +2,9 @@
 
 With log-ratio d = log pi(a|s) - log pi_ref(a|s) for a ~ pi (John Schulman, "Approximating KL
 Divergence", 2020): k1 = d (unbiased), k2 = d^2 / 2 (low variance, biased), k3 = exp(-d) - 1 + d
-(unbiased, non-negative). `low_var_kl` is k3 with d clamped to [-10, 10] against overflow, as used
-by GRPO (Shao et al., 2024, "DeepSeekMath", eq. 4).
+(unbiased, non-negative). `low_var_kl` is k3, the estimator of GRPO (Shao et al., 2024,
+"DeepSeekMath", eq. 4), with its value clamped to [-10, 10] as slime and verl do (so a token whose
+ratio has run away contributes at most 10 and no gradient). slime's default type is k1.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: s
         return d
     if kl_type == "k2":
         return 0.5 * d * d
-    if kl_type == "low_var_kl":
-        d = torch.clamp(d, -10.0, 10.0)
-    elif kl_type != "k3":
+    if kl_type not in ("k3", "low_var_kl"):
         raise ValueError(f"--kl-loss-type {kl_type!r}: choose one of {KL_TYPES}")
-    return torch.exp(-d) - 1.0 + d
+    k3 = torch.exp(-d) - 1.0 + d
+    return torch.clamp(k3, -10.0, 10.0) if kl_type == "low_var_kl" else k3

@@ -41,9 +41,10 @@ def test_first_step_ratio_one_then_kl_grows(make_actor) -> None:
     assert first["train/pg_clipfrac"] == 0.0
     assert first["train/kl_loss"] == 0.0
     assert first["train/grad_norm"] > 0
-    # GRPO: A = +-1 in groups 0, 1, 3 (rewards 1/0), 0 in group 2 (0.5/0.5). Token mean over 19 loss tokens:
-    # group 0: 2*(+1) + 3*(-1); group 1: 3*(+1) (one token masked) + 2*(-1); group 3: 3*(-1) + 2*(+1) -> -1/19.
-    assert first["train/advantage_mean"] == pytest.approx(-1 / 19, abs=1e-5)
+    # GRPO: rewards 1/0 in groups 0, 1, 3: mean 0.5, unbiased std sqrt(0.5), so A = +-0.5/sqrt(0.5) = +-1/sqrt(2);
+    # 0 in group 2 (0.5/0.5). Token mean over 19 loss tokens: group 0: 2*(+a) + 3*(-a); group 1: 3*(+a) (one
+    # token masked) + 2*(-a); group 3: 3*(-a) + 2*(+a) -> -a/19 with a = 1/sqrt(2).
+    assert first["train/advantage_mean"] == pytest.approx(-1 / (19 * math.sqrt(2)), abs=1e-5)
     second = actor.train(1, make_data())
     # After one update the policy has left the reference: the KL term is positive (k3 >= 0).
     assert second["train/kl_loss"] > 0

@@ -20,8 +20,12 @@ EPS = 1e-6  # GRPO's std epsilon
 
 
 def test_grpo_normalisation_hand_computed() -> None:
-    # rewards [1, 0, 0, 1]: mean 0.5, population std sqrt(((.5)^2*4)/4) = 0.5 -> +-1.
-    assert normalize_group_rewards([1, 0, 0, 1], eps=0) == [1.0, -1.0, -1.0, 1.0]
+    # rewards [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(((.5)^2*4)/3) = 1/sqrt(3) -> +-0.5*sqrt(3) = +-0.866
+    # (slime, verl and TRL take torch.std, unbiased; the population std would give +-1).
+    h = 0.5 * math.sqrt(3)
+    assert normalize_group_rewards([1, 0, 0, 1], eps=0) == pytest.approx([h, -h, -h, h], abs=1e-12)
+    # A group of one: no spread to divide by; its advantage is 0.
+    assert normalize_group_rewards([0.7]) == [0.0]
     # Zero variance: all zero, no division by zero.
     assert normalize_group_rewards([1, 1, 1]) == [0.0, 0.0, 0.0]
 
@@ -29,10 +33,10 @@ def test_grpo_normalisation_hand_computed() -> None:
 def test_grpo_and_dr_grpo_with_interleaved_groups() -> None:
     rewards, groups = [1.0, 0.0, 3.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 1, 0]
     # group 0 = rows 0, 1, 5 with rewards [1, 0, 1]: mean 2/3, deviations [1/3, -2/3, 1/3],
-    # population std sqrt((1/9 + 4/9 + 1/9) / 3) = sqrt(2)/3.
-    s0 = math.sqrt(2) / 3
-    # group 1 = rows 2, 3, 4 with rewards [3, 0, 0]: mean 1, deviations [2, -1, -1], std sqrt(6/3) = sqrt(2).
-    s1 = math.sqrt(2)
+    # unbiased std sqrt((1/9 + 4/9 + 1/9) / 2) = sqrt(1/3).
+    s0 = math.sqrt(1 / 3)
+    # group 1 = rows 2, 3, 4 with rewards [3, 0, 0]: mean 1, deviations [2, -1, -1], std sqrt(6/2) = sqrt(3).
+    s1 = math.sqrt(3)
     expected = [(1 / 3) / (s0 + EPS), (-2 / 3) / (s0 + EPS), 2 / (s1 + EPS), -1 / (s1 + EPS), -1 / (s1 + EPS)]
     expected.append((1 / 3) / (s0 + EPS))
     assert grpo_advantages(rewards, groups) == pytest.approx(expected)
@@ -151,10 +155,11 @@ def _inputs(**kw) -> AdvantageInputs:
 
 
 def test_compute_advantages_dispatch_and_whitening() -> None:
-    # GRPO on [1, 0]: mean 0.5, std 0.5 -> +-0.5/(0.5 + eps) on loss tokens, 0 on padding.
+    # GRPO on [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> +-0.5/(sqrt(0.5) + eps) on loss tokens, 0 on padding.
+    s = math.sqrt(0.5)
     a = compute_advantages(_args(), _inputs()).advantages
-    assert a[0].tolist() == pytest.approx([0.5 / (0.5 + EPS)] * 2 + [0.0])
-    assert a[1].tolist() == pytest.approx([-0.5 / (0.5 + EPS), 0.0, 0.0])
+    assert a[0].tolist() == pytest.approx([0.5 / (s + EPS)] * 2 + [0.0])
+    assert a[1].tolist() == pytest.approx([-0.5 / (s + EPS), 0.0, 0.0])
     # Whitened over the 3 loss tokens [x, x, -x]: mean x/3, so the result is [1, 1, -2]/sqrt(2) (scale free).
     w = compute_advantages(_args(normalize_advantages=True), _inputs()).advantages
     assert w[0][:2].tolist() == pytest.approx([1 / math.sqrt(2)] * 2)

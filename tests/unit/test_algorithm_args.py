@@ -18,9 +18,14 @@ def base(base: list[str]) -> list[str]:
 
 def test_defaults(base: list[str]) -> None:
     args = parse_args(base)
-    assert args.loss_agg_mode == "token-mean" and args.eps_clip_high == 0.2 and args.loss_type == "policy_loss"
-    # GSPO's paper objective averages per sequence.
-    assert parse_args(base + ["--advantage-estimator", "gspo"]).loss_agg_mode == "seq-mean-token-mean"
+    # slime's defaults: each sample's token mean, averaged over samples; k1 KL.
+    assert args.loss_agg_mode == "seq-mean-token-mean" and args.eps_clip_high == 0.2 and args.loss_type == "policy_loss"
+    assert args.kl_loss_type == "k1"
+    # Megatron-LM's --calculate-per-token-loss, as slime reads it: every token weighs the same.
+    assert parse_args(base + ["--calculate-per-token-loss"]).loss_agg_mode == "token-mean"
+    # What most slime scripts pass: the reference is loaded and the KL logged, nothing added to the loss.
+    kl0 = parse_args(base + ["--use-kl-loss", "--kl-loss-coef", "0"])
+    assert kl0.use_kl_loss and kl0.kl_loss_coef == 0.0
     ok = parse_args(base + ["--advantage-estimator", "ppo", "--kl-coef", "0.1", "--critic-lr", "1e-5"])
     assert ok.kl_coef == 0.1 and ok.critic_lr == 1e-5
 
@@ -28,7 +33,7 @@ def test_defaults(base: list[str]) -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--use-kl-loss"], "--use-kl-loss needs a non-zero --kl-loss-coef"),
+        (["--calculate-per-token-loss", "--loss-agg-mode", "seq-mean-token-sum"], "means --loss-agg-mode token-mean"),
         (["--kl-loss-coef", "0.1"], "--kl-loss-coef is set but --use-kl-loss is not"),
         (["--kl-coef", "0.1"], "--kl-coef shapes token rewards, which --advantage-estimator grpo"),
         (["--eps-clip-c", "0.9"], "--eps-clip-c 0.9: the dual-clip bound must be > 1"),

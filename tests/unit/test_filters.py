@@ -37,6 +37,11 @@ def test_zero_std_groups_are_dropped() -> None:
     args = Namespace(reward_key=None)
     assert check_reward_nonzero_std(args, group([1.0, 1.0, 1.0])) == FilterResult(False, "zero_std")
     assert check_reward_nonzero_std(args, group([1.0, 0.0])).keep
+    # slime's threshold: unbiased std strictly above 1e-6. [0, 2e-6]: std sqrt(2e-12) = 1.41e-6 keeps;
+    # [0, 1e-6]: 7.1e-7 drops; a single usable reward has no std and drops.
+    assert check_reward_nonzero_std(args, group([0.0, 2e-6])).keep
+    assert not check_reward_nonzero_std(args, group([0.0, 1e-6])).keep
+    assert not check_reward_nonzero_std(args, group([1.0])).keep
     # Failed samples carry no reward: a group whose usable samples all agree has no signal.
     g = group([1.0, 1.0, 0.0])
     g[2].status = Status.FAILED

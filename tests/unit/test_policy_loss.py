@@ -138,11 +138,13 @@ def test_kl_gradients() -> None:
         assert logp.grad.item() == pytest.approx(grad), kl_type
 
 
-def test_low_var_kl_clamps_extreme_ratios() -> None:
-    # d = -50 would give exp(50); clamped to -10: exp(10) - 1 - 10, and no gradient through the clamp.
-    logp = torch.tensor([-50.0], requires_grad=True)
-    got = kl_estimate(logp, torch.tensor([0.0]), "low_var_kl")
-    assert got.item() == pytest.approx(math.exp(10) - 11)
+def test_low_var_kl_clamps_extreme_values() -> None:
+    # As slime and verl: the estimate itself is clamped to [-10, 10]. d = -5: k3 = exp(5) - 1 - 5 = 142.4 -> 10,
+    # with no gradient through the clamp; d = -2: k3 = exp(2) - 3 = 4.389 stays, gradient 1 - exp(2).
+    logp = torch.tensor([-5.0, -2.0], requires_grad=True)
+    got = kl_estimate(logp, torch.tensor([0.0, 0.0]), "low_var_kl")
+    assert got.tolist() == pytest.approx([10.0, math.exp(2) - 3])
     got.sum().backward()
-    assert logp.grad.item() == 0.0
+    assert logp.grad.tolist() == pytest.approx([0.0, 1 - math.exp(2)])
+    assert kl_estimate(torch.tensor([-5.0]), torch.tensor([0.0]), "k3").item() == pytest.approx(math.exp(5) - 6)
     assert kl_estimate(torch.tensor([0.3]), torch.tensor([0.3]), "k3").item() == 0.0
