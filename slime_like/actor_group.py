@@ -48,6 +48,14 @@ class TrainGroup:
         """Push weights into the servers; returns seconds taken on rank 0."""
         return self._all("update_weights", server_urls, version, transport, output_dir)
 
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Every rank closes its weight channel, frees its model and leaves torch.distributed (bounded)."""
+        ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout)
+
+    def check_weights(self, server_urls: list[str], when: str) -> float:
+        """The post-update check outside an update (e.g. before the first rollout); the largest difference."""
+        return self._all("check_weights", server_urls, when)
+
     def offload(self) -> dict[str, float]:
         """Colocated on GPU: every rank moves its weights, gradients and optimizer states off the GPU; rank 0's
         memory accounting (GiB) is returned."""
@@ -57,10 +65,10 @@ class TrainGroup:
         """Every rank takes them back before log-probs and training; rank 0's memory accounting."""
         return self._all("onload")
 
-    def save(self, directory: str) -> None:
-        """Collective Megatron checkpoint."""
-        self._all("save", directory)
+    def save(self, directory: str, iteration: int = 0) -> None:
+        """Collective Megatron checkpoint into directory, recording `iteration`."""
+        self._all("save", directory, iteration)
 
-    def load(self, directory: str) -> None:
-        """Collective Megatron checkpoint load."""
-        self._all("load", directory)
+    def load(self, directory: str, load_optimizer: bool = True, load_rng: bool = True) -> None:
+        """Collective Megatron checkpoint load (optimizer and RNG states when asked and present)."""
+        self._all("load", directory, load_optimizer, load_rng)

@@ -6,9 +6,16 @@ import argparse
 import os
 
 from buffer.arguments import add_data_arguments
-from rollout.arguments import add_rollout_arguments, sglang_passthrough, validate_rollout_args
+from rollout.arguments import (
+    add_rollout_arguments,
+    requested_server_dtype,
+    server_dtype,
+    sglang_passthrough,
+    validate_rollout_args,
+)
 from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
+from slime_like.megatron.flags import add_training_arguments, validate_training_args
 from slime_like.model_arguments import add_model_arguments, check_against_hf_config
 from slime_like.planner import add_plan_arguments, dry_run, load_hf_config
 from slime_like.training_arguments import (
@@ -30,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_arguments(parser)
     add_rollout_arguments(parser)
     add_megatron_arguments(parser)
+    add_training_arguments(parser)
     add_offload_arguments(parser)
     add_algorithm_arguments(parser)
     add_model_arguments(parser)
@@ -47,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-tensorboard", action="store_true")
     g.add_argument("--use-wandb", action="store_true")
     g.add_argument("--wandb-project", default="slime-like")
+    g.add_argument("--wandb-group", default=None, help="wandb run group (the run is named after it, as slime)")
+    g.add_argument("--wandb-team", default=None, help="wandb entity")
+    g.add_argument("--wandb-host", default=None, help="wandb server URL (self-hosted)")
+    g.add_argument("--wandb-key", default=None, help="wandb API key (default: WANDB_API_KEY / wandb login)")
+    g.add_argument(
+        "--disable-wandb-random-suffix",
+        action="store_false",
+        dest="wandb_random_suffix",
+        help="name the run exactly --wandb-group (default: a random 6-character suffix is added)",
+    )
+    g.add_argument(
+        "--train-backend", default="megatron", choices=["megatron"], help="slime's flag: megatron is the one backend"
+    )
     g.add_argument(
         "--save-debug-rollout-data", action="store_true", help="write every rollout's samples to output-dir/rollouts/"
     )
@@ -65,6 +86,13 @@ def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
         "while the servers generate and come back before log-probs and training (needs torch_memory_saver). "
         "Default: on with --colocate when CUDA is present, else off. Without CUDA it is accepted and does "
         "nothing (one log line says so)",
+    )
+    g.add_argument(
+        "--offload-rollout",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --colocate on GPU: the SGLang servers release their memory while the trainer trains "
+        "(default: on with --colocate, as slime); --no-offload-rollout keeps it",
     )
 
 
@@ -111,6 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> None:
     """Fill derived defaults and reject contradictions, naming the flags involved."""
+    validate_training_args(args)  # --num-steps-per-rollout sets --global-batch-size
     samples = args.rollout_batch_size * args.n_samples_per_prompt
     if args.global_batch_size is None:
         args.global_batch_size = samples
@@ -133,13 +162,36 @@ def validate(args: argparse.Namespace) -> None:
         )
     if args.save_interval and not args.save:
         raise ArgumentError("--save-interval needs --save DIR")
-    if args.load and not os.path.isdir(args.load):
-        raise ArgumentError(f"--load {args.load}: no such directory")
     if not os.path.isfile(os.path.join(args.hf_checkpoint, "config.json")):
         raise ArgumentError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
     if args.eval_interval and not args.eval_prompt_data:
         raise ArgumentError("--eval-interval needs --eval-prompt-data")
     resolve_offload_train(args)
+    if args.offload_rollout is None:
+        args.offload_rollout = bool(args.colocate)
+    if args.offload_rollout and not args.colocate:
+        raise ArgumentError(
+            "--offload-rollout frees the servers' GPU memory for a colocated trainer: it needs --colocate "
+            "(or drop --offload-rollout)"
+        )
     validate_megatron_args(args)
     validate_algorithm_args(args)
     validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts
+
+
+def resolve_precision(args: argparse.Namespace, use_gpu: bool) -> str:
+    """Settle --bf16 once the devices are known (bfloat16 on GPU, float32 on CPU, unless given) and check that
+    the servers run at the trainer's precision; returns the start-up line that says which and why."""
+    why = "--bf16" if args.bf16 else "--no-bf16"
+    if args.bf16 is None:
+        args.bf16 = use_gpu
+        why = "the GPU default, as slime" if use_gpu else "the CPU default; --bf16 for bfloat16"
+    trainer = server_dtype(args)
+    asked = requested_server_dtype(args)
+    if asked is not None and asked != trainer:
+        raise ArgumentError(
+            f"--sglang-dtype {asked}: the servers would generate at another precision than the trainer "
+            f"({trainer}, {why}), and rollout log-probs would not match training's; drop --sglang-dtype (the "
+            f"servers follow the trainer) or set --bf16/--no-bf16 to match it"
+        )
+    return f"precision: training and rollout in {trainer} ({why})"

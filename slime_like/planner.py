@@ -107,7 +107,7 @@ def training_memory(args: Any, size: ModelSize) -> dict[str, float]:
     dense_dp, expert_dp = _dp_sizes(args)
     dense = size.dense_params / (tp * pp)
     experts = size.expert_params / (args.expert_model_parallel_size * etp * pp)
-    weight_bytes = 2 if args.bf16 else 4
+    weight_bytes = 4 if args.bf16 is False else 2  # bf16 unless --no-bf16: plans are for GPUs
     optim_shards = (dense_dp, expert_dp) if args.use_distributed_optimizer else (1, 1)
     tokens = args.max_tokens_per_gpu / args.context_parallel_size
     return {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,11 @@ import ray
 from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
 from slime_like.actor_group import TrainGroup
+from slime_like.arguments import resolve_precision
 from slime_like.core.logs import setup_logging
+from slime_like.megatron import checkpoint_layout as layout
+from slime_like.megatron.cpu_compat import transformer_engine_available
+from slime_like.megatron.flags import no_effect_line
 from slime_like.metrics_log import MetricsLogger
 from slime_like.placement import create_placement, start_ray
 
@@ -29,6 +33,10 @@ class Run:
         start_ray(args)
         placement = create_placement(args)
         self.use_gpu = placement.use_gpu
+        logger.info(resolve_precision(args, self.use_gpu))
+        no_effect = no_effect_line(args, transformer_engine_available() and self.use_gpu, self.use_gpu)
+        if no_effect:  # Megatron kernel/overlap flags of slime's scripts that do nothing on this machine
+            logger.info(no_effect)
         # Servers start while the trainer builds its model: both are slow, neither needs the other.
         manager = ray.remote(RolloutManager).options(**placement.options(placement.rollout_bundle, num_gpus=0))
         self.rollout = manager.remote(args, placement.rollout_gpu_offset)
@@ -38,7 +46,11 @@ class Run:
         # Colocated on GPU the trainer's memory leaves the GPU while the servers generate (--offload-train).
         self.offload_train = args.offload_train and self.use_gpu
         self.pending_metrics: dict[str, Any] = {}  # reported with the next step's metrics
-        self.start_rollout = self._load() if args.load else 0
+        self.weights_pushed = False  # whether the servers got the trainer's weights (and, with the flag, a check)
+        self.start_rollout = self._load() if args.load or args.ref_load else 0
+        if args.check_weight_update and not self.weights_pushed:
+            worst = self.trainer.check_weights(self.server_urls, "before the first rollout")
+            logger.info("before the first rollout: the servers match the trainer within %.2g", worst)
         self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
 
     def generate(self, rollout_id: int) -> ray.ObjectRef:
@@ -50,7 +62,7 @@ class Run:
         groups, metrics = ray.get(rollout)
         data = build_train_data(groups, reward_key=self.args.reward_key)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
-        colocated_gpu = self.args.colocate and self.use_gpu
+        colocated_gpu = self.args.colocate and self.use_gpu and self.args.offload_rollout is not False
         if colocated_gpu:
             ray.get(self.rollout.release_memory.remote())
         if self.offload_train:
@@ -66,6 +78,7 @@ class Run:
         seconds = self.trainer.update_weights(
             self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir
         )
+        self.weights_pushed = True
         self._offload_trainer()
         return seconds
 
@@ -81,30 +94,62 @@ class Run:
         return ray.get(self.rollout.evaluate.remote(rollout_id))
 
     def save(self, rollout_id: int) -> None:
-        """Checkpoint when due: Megatron state, buffer state and where to resume."""
+        """Checkpoint when due, atomically, in Megatron-LM's layout: iter_<rollout id>/ with the data state."""
         interval = self.args.save_interval
         if not interval or ((rollout_id + 1) % interval and rollout_id + 1 != self.args.num_rollout):
             return
-        target = Path(self.args.save) / f"rollout_{rollout_id:06d}"
-        self.trainer.save(str(target / "megatron"))
-        state = ray.get(self.rollout.state_dict.remote())
-        (target / "rollout_state.json").write_text(json.dumps(state))
-        (target / "meta.json").write_text(json.dumps({"rollout_id": rollout_id}))
-        (Path(self.args.save) / "latest").write_text(target.name)
+        with layout.saving(self.args.save, rollout_id, self.args.keep_last_n_checkpoints) as directory:
+            self.trainer.save(str(directory), rollout_id)
+            layout.write_state(directory, rollout_id, ray.get(self.rollout.state_dict.remote()))
+        logger.info("saved %s", layout.iteration_dir(self.args.save, rollout_id))
 
     def _load(self) -> int:
-        """Resume from --load (a run's save dir or one checkpoint in it); returns the next rollout id."""
-        root = Path(self.args.load)
-        target = root / (root / "latest").read_text().strip() if (root / "latest").exists() else root
-        if not (target / "meta.json").exists():
-            raise FileNotFoundError(f"--load {root}: no checkpoint there (no meta.json or latest file)")
-        rollout_id = json.loads((target / "meta.json").read_text())["rollout_id"]
-        self.trainer.load(str(target / "megatron"))
-        ray.get(self.rollout.load_state_dict.remote(json.loads((target / "rollout_state.json").read_text())))
+        """Resume from --load (a run directory or one checkpoint, ours or slime's); with no checkpoint there, take
+        the weights of --ref-load, as slime does. Returns the next rollout id."""
+        args = self.args
+        found = args.load and os.path.isdir(args.load)  # slime's scripts pass a new --save directory as --load
+        checkpoint = layout.find_checkpoint(args.load, "--load") if found else None
+        if checkpoint is None:
+            where = f"--load {args.load} holds no checkpoint (no {layout.TRACKER})" if args.load else "no --load"
+            if not args.ref_load:
+                logger.info("%s: starting from --hf-checkpoint at rollout 0", where)
+                return 0
+            checkpoint = layout.require_checkpoint(args.ref_load, "--ref-load")
+            logger.info(
+                "%s: starting from the weights of --ref-load %s at rollout 0, optimizer fresh",
+                where,
+                checkpoint.directory,
+            )
+            return self._start_from_weights(checkpoint)
+        if checkpoint.note:
+            logger.warning(checkpoint.note)
+        if args.finetune or checkpoint.release:
+            why = "--finetune" if args.finetune else "a release checkpoint"
+            logger.info("--load %s (%s): model weights only, from rollout 0", checkpoint.directory, why)
+            return self._start_from_weights(checkpoint)
+        self.trainer.load(str(checkpoint.directory), not args.no_load_optim, not args.no_load_rng)
+        state = checkpoint.state()
+        if state is not None:
+            rollout_id = state["rollout_id"]
+            ray.get(self.rollout.load_state_dict.remote(state["rollout_state"]))
+        else:
+            rollout_id = checkpoint.iteration
+            logger.warning(
+                "--load %s: not written by slime-like (no %s), so the data position was not saved; the data "
+                "starts from its beginning (slime's rollout/global_dataset_state_dict_*.pt is not read)",
+                checkpoint.directory,
+                layout.STATE_FILE,
+            )
         # The servers started from the HF weights: bring them to the checkpoint's.
         self.update_weights(rollout_id)
-        logger.info("resumed from %s at rollout %d", target, rollout_id + 1)
+        logger.info("resumed from %s at rollout %d", checkpoint.directory, rollout_id + 1)
         return rollout_id + 1
+
+    def _start_from_weights(self, checkpoint: layout.Checkpoint) -> int:
+        """A checkpoint's model weights with a fresh optimizer and the data from its start: rollout 0 is next."""
+        self.trainer.load(str(checkpoint.directory), load_optimizer=False, load_rng=False)
+        self.update_weights(-1)  # the servers started from --hf-checkpoint: weight version 0, these weights
+        return 0
 
     def log(self, rollout_id: int, metrics: dict[str, Any], step_start: float | None = None) -> None:
         """Record the step's metrics and any pending offload accounting (nothing when there are none); with a
@@ -128,7 +173,12 @@ class Run:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Stop the servers and the router, also when the loop failed."""
+        """Close the trainer's channels while the servers still answer, then stop the servers and the router,
+        also when the loop failed."""
+        try:
+            self.trainer.shutdown()
+        except Exception as error:  # a trainer rank may be what failed; Ray kills its process at exit
+            logger.warning("trainer shutdown: %r", error)
         try:
             ray.get(self.rollout.shutdown.remote(), timeout=120)
         except Exception as error:  # the rollout actor may be what failed; Ray then kills its processes

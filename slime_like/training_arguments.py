@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,13 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
         help="split activations outside attention/MLP over the TP ranks (needs TP > 1 and Transformer Engine)",
     )
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--bf16", action="store_true")
+    g.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train in bfloat16 (default: on GPU, as slime; fp32 on CPU); the SGLang servers always run at the "
+        "trainer's precision",
+    )
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--lr", type=float, default=1e-6)
     g.add_argument("--min-lr", type=float, default=0.0)
@@ -61,8 +68,15 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         "--loss-agg-mode",
         default=None,
         choices=AGG_MODES,
-        help="how token losses make a step's loss; default token-mean (seq-mean-token-mean for gspo); "
-        "seq-mean-token-sum-norm is Dr.GRPO's constant normaliser --rollout-max-response-len",
+        help="how token losses make a step's loss; default seq-mean-token-mean (each sample's token mean, "
+        "averaged over samples, as slime), token-mean with --calculate-per-token-loss; seq-mean-token-sum-norm is "
+        "Dr.GRPO's constant normaliser --rollout-max-response-len",
+    )
+    g.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="Megatron-LM's flag as slime reads it: every token of the step weighs the same (--loss-agg-mode "
+        "token-mean)",
     )
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument(
@@ -72,7 +86,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus")
     g.add_argument("--use-kl-loss", action="store_true", help="add a KL-to-reference term to the loss")
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", default="low_var_kl", choices=KL_TYPES)
+    g.add_argument("--kl-loss-type", default="k1", choices=KL_TYPES, help="KL estimator (default k1, as slime)")
     g.add_argument(
         "--kl-coef",
         type=float,
@@ -127,6 +141,28 @@ def validate_megatron_args(args: argparse.Namespace) -> None:
             "--sequence-parallel splits activations over tensor-parallel ranks: it needs "
             "--tensor-model-parallel-size > 1"
         )
+    validate_checkpoint_args(args)
+
+
+def validate_checkpoint_args(args: argparse.Namespace) -> None:
+    """Reject checkpoint flags that cannot work, naming the flag; --load and --ref-load are looked at now."""
+    from slime_like.megatron.checkpoint_layout import CheckpointError, find_checkpoint, require_checkpoint
+
+    keep = args.keep_last_n_checkpoints
+    if keep is not None and keep < 1:
+        _error(f"--keep-last-n-checkpoints {keep} must be >= 1 (leave it out to keep every checkpoint)")
+    if keep is not None and not args.save:
+        _error("--keep-last-n-checkpoints needs --save DIR")
+    loading = [f for f in ("no_load_optim", "no_load_rng", "finetune") if getattr(args, f)]
+    if loading and not args.load:
+        _error(f"--{loading[0].replace('_', '-')} applies to what --load loads: add --load DIR (or drop it)")
+    try:
+        if args.ref_load:
+            require_checkpoint(args.ref_load, "--ref-load")
+        if args.load and os.path.isdir(args.load):
+            find_checkpoint(args.load, "--load")  # a cut-off checkpoint or a bad tracker fails now
+    except (CheckpointError, OSError) as exc:
+        _error(str(exc))
 
 
 def _error(message: str) -> None:
@@ -143,7 +179,9 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
     if args.loss_agg_mode is None:
-        args.loss_agg_mode = "seq-mean-token-mean" if est == "gspo" else "token-mean"
+        args.loss_agg_mode = "token-mean" if args.calculate_per_token_loss else "seq-mean-token-mean"
+    elif args.calculate_per_token_loss and args.loss_agg_mode != "token-mean":
+        _error(f"--calculate-per-token-loss means --loss-agg-mode token-mean, not {args.loss_agg_mode}")
     if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
         _error(f"--eps-clip-c {args.eps_clip_c}: the dual-clip bound must be > 1")
     if args.eps_clip_c is not None and est == "cispo":
@@ -152,8 +190,6 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
         _error(f"--gamma discounts token returns, which --advantage-estimator {est} does not use")
     if args.lambd != 1.0 and est != "ppo":
         _error("--lambd is GAE's lambda: it needs --advantage-estimator ppo")
-    if args.use_kl_loss and args.kl_loss_coef == 0:
-        _error("--use-kl-loss needs a non-zero --kl-loss-coef")
     if args.kl_loss_coef and not args.use_kl_loss:
         _error("--kl-loss-coef is set but --use-kl-loss is not: add --use-kl-loss (or drop the coefficient)")
     if args.kl_coef and est in SEQUENCE_LEVEL:
@@ -225,9 +261,40 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """Model source, checkpoint save/load and weight-update flags."""
     g = parser.add_argument_group("checkpoint")
     g.add_argument("--hf-checkpoint", required=True, help="HF model directory (weights, config, tokenizer)")
-    g.add_argument("--save", default=None, help="directory for checkpoints")
+    g.add_argument(
+        "--save",
+        default=None,
+        help="run directory for checkpoints, in Megatron-LM's layout: iter_XXXXXXX/ (the rollout id) and "
+        "latest_checkpointed_iteration.txt; written atomically",
+    )
     g.add_argument("--save-interval", type=int, default=None, help="save every N rollouts")
-    g.add_argument("--load", default=None, help="checkpoint directory to resume from")
+    g.add_argument(
+        "--load",
+        default=None,
+        help="resume from a run directory (latest_checkpointed_iteration.txt; slime's too) or one iter_XXXXXXX/ or "
+        "release/ directory; with no checkpoint there, start from --ref-load (or --hf-checkpoint) at rollout 0",
+    )
+    g.add_argument(
+        "--ref-load",
+        default=None,
+        help="torch_dist checkpoint (run or release layout, e.g. from tools/convert_hf_to_torch_dist.py) of the KL "
+        "reference model, and the starting weights when --load holds no checkpoint (default: --hf-checkpoint)",
+    )
+    g.add_argument("--no-load-optim", action="store_true", help="with --load: the optimizer starts fresh")
+    g.add_argument("--no-load-rng", action="store_true", help="with --load: keep this run's RNG states")
+    g.add_argument(
+        "--finetune",
+        action="store_true",
+        help="with --load: model weights only, from rollout 0 with the data from its start (optimizer, RNG fresh)",
+    )
+    g.add_argument(
+        "--keep-last-n-checkpoints",
+        type=int,
+        default=None,
+        metavar="N",
+        help="after each save, delete all but the newest N iter_* checkpoints under --save (default: keep all; "
+        "release/ is never deleted)",
+    )
     w = parser.add_argument_group("weight update")
     w.add_argument(
         "--update-weight-transport",

@@ -1,9 +1,10 @@
 """Logging, set up once in every process of a run: one format, a file per process, the console by role.
 
 Each entry point and each Ray actor calls `setup_logging` first. The driver, the rollout manager and
-trainer rank 0 log to the console at --log-level (Ray forwards an actor's console to the driver); the
-other trainer ranks log only warnings and errors there, so a message every rank emits (Megatron's
-"Apex is not installed" fallback notes, say) is shown once per run, by rank 0. Every process also writes
+trainer rank 0 log our records to the console at --log-level and libraries' from WARNING up (Ray
+forwards an actor's console to the driver); the other trainer ranks show only our warnings and every
+error there, so a message every rank emits (Megatron's "Apex is not installed" fallback notes, say) is
+shown once per run, by rank 0. Every process also writes
 everything at --log-level to `<output-dir>/logs/<role>.log`.
 """
 
@@ -32,11 +33,15 @@ class _Role(logging.Filter):
         return True
 
 
-class _OursOrSevere(logging.Filter):
-    """Lets through our own records and any library's errors; library notes and warnings stay in the file."""
+class _Console(logging.Filter):
+    """Lets through our own records and libraries' records from `library_level` up (the rest stay in the file)."""
+
+    def __init__(self, library_level: int) -> None:
+        super().__init__()
+        self.library_level = library_level
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR or record.name.split(".")[0] in OUR_PACKAGES
+        return record.levelno >= self.library_level or record.name.split(".")[0] in OUR_PACKAGES
 
 
 def setup_logging(
@@ -61,8 +66,8 @@ def setup_logging(
     formatter = logging.Formatter(FORMAT, DATE_FORMAT)
     console = logging.StreamHandler(sys.stderr)
     console.setLevel("WARNING" if quiet else level.upper())
-    if quiet:
-        console.addFilter(_OursOrSevere())
+    # Libraries' INFO lines (Megatron lists every parameter of a gradient bucket) stay in the file.
+    console.addFilter(_Console(logging.ERROR if quiet else logging.WARNING))
     handlers: list[logging.Handler] = [console]
     path = None
     if log_dir is not None:

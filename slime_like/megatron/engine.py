@@ -149,6 +149,7 @@ class MegatronTrainEngine:
         from megatron.core.utils import get_model_config
 
         self.max_tokens = max_tokens_per_micro_batch
+        self.dtype = dtype
         self.temperature = temperature
         self.value_head = value_head
         self.bridge = model_lib.make_bridge(hf_dir, dtype, **config_overrides)
@@ -236,17 +237,26 @@ class MegatronTrainEngine:
         """Yield (hf_name, full tensor) on every rank (gathered over TP/PP; views of live params)."""
         return model_lib.export_hf_weights(self.bridge, self.model)
 
-    def save_checkpoint(self, directory: str | Path) -> None:
+    def save_checkpoint(self, directory: str | Path, iteration: int = 0) -> None:
         """Save model, optimizer, scheduler and RNG states with Megatron dist_checkpointing (torch_dist)."""
         from slime_like.megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(directory, self.model, self.optimizer, self.scheduler)
+        save_checkpoint(directory, self.model, self.optimizer, self.scheduler, iteration=iteration)
 
-    def load_checkpoint(self, directory: str | Path) -> None:
-        """Load what save_checkpoint wrote (same parallel layout not required for the model)."""
+    def load_checkpoint(self, directory: str | Path, load_optimizer: bool = True, load_rng: bool = True) -> None:
+        """Load a torch_dist checkpoint (ours, Megatron-LM's or slime's; any layout for the model); the optimizer
+        and RNG states too when asked and the checkpoint holds them for this engine."""
         from slime_like.megatron.checkpoint import load_checkpoint
 
-        load_checkpoint(directory, self.model, self.optimizer, self.scheduler)
+        load_checkpoint(
+            directory, self.model, self.optimizer, self.scheduler, load_optimizer=load_optimizer, load_rng=load_rng
+        )
+
+    def load_model_weights(self, directory: str | Path) -> None:
+        """Set the model's weights from a torch_dist checkpoint; the optimizer is left as it is (not told)."""
+        from slime_like.megatron.checkpoint import load_checkpoint
+
+        load_checkpoint(directory, self.model, weights_only=True)
 
     # ---- internals ----
 

@@ -32,6 +32,19 @@ def served_logprobs(url: str, tokens: list[int], timeout: float = 60.0) -> torch
         raise WeightUpdateError(f"the weight check's probe failed: {exc}") from exc
 
 
+def precisions(url: str, trainer_dtype: torch.dtype) -> str:
+    """Both precisions, and what to do when they differ."""
+    served, trained = client.served_dtype(url), str(trainer_dtype).removeprefix("torch.")
+    if served == trained:
+        return f"the server and the trainer both run in {trained}: the server does not hold the trainer's weights"
+    if served == "unknown":
+        return f"the trainer runs in {trained}; the server did not say its precision (/get_server_info)"
+    return (
+        f"the server runs in {served} but the trainer in {trained}: start the servers at the trainer's precision "
+        "(drop --sglang-dtype; servers started here follow --bf16)"
+    )
+
+
 def trainer_logprobs(engine: Any, tokens: list[int]) -> torch.Tensor:
     """The engine's log-probs of the probe at temperature 1 (a collective: every trainer rank calls it)."""
     temperature, engine.temperature = engine.temperature, 1.0
@@ -41,8 +54,13 @@ def trainer_logprobs(engine: Any, tokens: list[int]) -> torch.Tensor:
         engine.temperature = temperature
 
 
-def check_servers(engine: Any, server_urls: list[str], tolerance: float, rank: int, version: int) -> float:
-    """Compare the probe's log-probs on every server with the trainer's; return the largest difference."""
+def check_servers(engine: Any, server_urls: list[str], tolerance: float, rank: int, when: str) -> float:
+    """Compare the probe's log-probs on every server with the trainer's; return the largest difference.
+
+    `when` starts the error message ("after the update to version 3", "before the first rollout"), which also
+    names the precision the server and the trainer run at: a server at another precision is the usual cause
+    before the first rollout.
+    """
     tokens = probe_tokens(engine.bridge.hf_config.vocab_size)
     expected = trainer_logprobs(engine, tokens)
     verdict: tuple[float, str | None] = (0.0, None)
@@ -56,10 +74,8 @@ def check_servers(engine: Any, server_urls: list[str], tolerance: float, rank: i
                 break
             worst = max(worst, diff)
             if diff > tolerance and problem is None:
-                problem = (
-                    f"after the update to version {version}, {url} differs from the trainer by {diff:.3g} in "
-                    f"log-prob (tolerance {tolerance:g}, --check-weight-update-tolerance)"
-                )
+                problem = f"{when}, {url} differs from the trainer by {diff:.3g} in log-prob (tolerance {tolerance:g}, "
+                problem += f"--check-weight-update-tolerance): {precisions(url, engine.dtype)}"
         verdict = (worst, problem)
     worst, problem = share_from_rank0(verdict)
     if problem is not None:

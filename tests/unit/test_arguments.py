@@ -28,7 +28,6 @@ def test_unknown_flag_is_an_error(base: list[str], capsys: pytest.CaptureFixture
         (["--global-batch-size", "3"], "must be a multiple of --global-batch-size 3"),
         (["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"], "TP x PP x CP = 2"),
         (["--save-interval", "2"], "--save-interval needs --save"),
-        (["--use-kl-loss"], "--kl-loss-coef"),
     ],
 )
 def test_contradictions_name_the_flags(
@@ -66,3 +65,30 @@ def test_sequence_parallel_flag_and_its_checks(base: list[str], capsys: pytest.C
     if not transformer_engine_available():
         with pytest.raises(ValueError, match="--sequence-parallel needs CUDA with Transformer Engine"):
             check_sequence_parallel(True, tp=2)
+
+
+@pytest.mark.parametrize(
+    ("flags", "use_gpu", "bf16", "line"),
+    [
+        ([], False, False, "precision: training and rollout in float32 (the CPU default; --bf16 for bfloat16)"),
+        ([], True, True, "precision: training and rollout in bfloat16 (the GPU default, as slime)"),
+        (["--bf16"], False, True, "precision: training and rollout in bfloat16 (--bf16)"),
+        (["--no-bf16", "--sglang-dtype", "float"], True, False, "precision: training and rollout in float32"),
+    ],
+)
+def test_precision_follows_the_devices_unless_given(base, flags, use_gpu, bf16, line) -> None:
+    from rollout.arguments import server_dtype
+    from slime_like.arguments import resolve_precision
+
+    args = parse_args(base + flags)
+    assert resolve_precision(args, use_gpu).startswith(line)
+    assert args.bf16 is bf16 and server_dtype(args) == ("bfloat16" if bf16 else "float32")
+
+
+def test_servers_at_another_precision_than_training_are_refused(base: list[str]) -> None:
+    from slime_like.arguments import resolve_precision
+    from slime_like.core.errors import ArgumentError
+
+    args = parse_args(base + ["--sglang-dtype", "float16"])
+    with pytest.raises(ArgumentError, match=r"--sglang-dtype float16: .* than the trainer \(float32, the CPU default"):
+        resolve_precision(args, use_gpu=False)

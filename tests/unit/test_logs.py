@@ -29,6 +29,7 @@ def restore_root() -> Iterator[None]:
 
 def emit_all() -> None:
     logging.getLogger("slime_like.run").info("ours at info")
+    logging.getLogger("megatron.core.distributed").info("library at info")
     logging.getLogger("rollout.manager").warning("ours at warning")
     logging.getLogger("megatron.core.fusions").warning("library at warning")
     logging.getLogger("megatron.core.models").error("library at error")
@@ -46,6 +47,8 @@ def test_driver_console_and_file_share_one_format(tmp_path: Path, capsys: pytest
     for out in (console, text):
         for message in ("ours at info", "ours at warning", "library at warning", "library at error", "Apex is not"):
             assert message in out
+    # A library's INFO lines (Megatron lists every parameter of a gradient bucket) only go to the file.
+    assert "library at info" in text and "library at info" not in console
     line = next(x for x in text.splitlines() if "ours at info" in x)
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO driver slime_like\.run: ours at info", line)
 
