@@ -67,7 +67,7 @@ class TensorTransport(WeightTransport):
         self.tp_per_server = tp_per_server
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self._buffers: list[torch.Tensor] = []
-        self._storage_of: dict[str, int] = {}  # name -> storage address at the last update
+        self._seen: set[str] = set()  # names sent by an earlier update
         self._staging: dict[str, torch.Tensor] = {}  # name -> shared tensor for a conversion temporary
         _prepare_sharing()
 
@@ -105,17 +105,18 @@ class TensorTransport(WeightTransport):
         A tensor exported as a view of a Megatron parameter keeps its storage, which moves to shared
         memory once. One rebuilt by the conversion (Megatron's interleaved QKV split into q, k, v) is new
         every update: sharing it would create and fault in a fresh shared-memory file each time (~2.5 ms
-        per MB, more than the copy), so from the second update on it is copied into a staging tensor.
+        per MB, more than the copy), so from the second update on it is copied into a staging tensor. It is
+        told apart by its storage not being shared yet (a parameter's stays shared; comparing addresses was
+        not enough: the allocator may hand a new temporary the address of the last one).
         """
         out = []
         for name, tensor in bucket:
-            address = tensor.untyped_storage().data_ptr()
-            if name in self._staging or self._storage_of.get(name, address) != address:
+            if name in self._staging or (name in self._seen and not tensor.is_shared()):
                 stage = self._staging.get(name)
                 if stage is None or stage.shape != tensor.shape or stage.dtype != tensor.dtype:
                     stage = self._staging[name] = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
                 tensor = stage.copy_(tensor)
-            self._storage_of[name] = address
+            self._seen.add(name)
             out.append((name, tensor))
         return out
 
@@ -155,4 +156,4 @@ class TensorTransport(WeightTransport):
         """Free the shared buffers."""
         self._buffers.clear()
         self._staging.clear()
-        self._storage_of.clear()
+        self._seen.clear()

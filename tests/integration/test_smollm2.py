@@ -85,8 +85,9 @@ QUESTIONS = [("What is 2+3? Answer with a number.", "5"), ("What is 4+4? Answer 
     "placement",
     [
         ("--update-weight-transport", "distributed"),
-        ("--update-weight-transport", "tensor", "--colocate"),
-        ("--update-weight-transport", "disk"),
+        # ~2 min each on 2 cores: run on demand (-m slow), the tiny-model tests cover these transports in CI.
+        pytest.param(("--update-weight-transport", "tensor", "--colocate"), marks=pytest.mark.slow),
+        pytest.param(("--update-weight-transport", "disk"), marks=pytest.mark.slow),
     ],
     ids=["distributed", "tensor-colocated", "disk"],
 )
