@@ -82,6 +82,9 @@ def setup_logging(
         handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(level.upper())
-    # warnings.warn from libraries (Megatron's fallback notes among them) go through the same handlers.
+    # warnings.warn from libraries (Megatron's fallback notes among them) go through the same handlers. Off and
+    # on again: captureWarnings(True) does nothing when it believes it is on, also after something (a test
+    # runner's catch_warnings) put the original warnings.showwarning back.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     return path
