@@ -169,6 +169,18 @@ class DataSource:
             "seed": self.seed,
         }
 
+    @staticmethod
+    def state_from_slime(slime_state: dict[str, Any], seed: int) -> dict[str, Any]:
+        """Our state_dict from slime's saved data position (its RolloutDataSource.save), for the same prompt file
+        and --rollout-seed: both sources order an epoch as random.Random(seed + epoch) shuffles it (or the file's
+        order) and count groups the same way, so the next prompt is the one slime would have taken."""
+        return {
+            "epoch": int(slime_state.get("epoch_id", 0)),
+            "offset": int(slime_state.get("sample_offset", 0)),
+            "next_group_index": int(slime_state.get("sample_group_index", 0)),
+            "seed": seed,
+        }
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict`."""
         self.seed = state["seed"]

@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/launch.sh"
 source "$SCRIPTS_DIR/models/deepseek-v3.sh"
 
 CKPT_ARGS=(--hf-checkpoint "${HF_CHECKPOINT:-/root/DeepSeek-V3}" --save "${SAVE_DIR:-/root/ckpt/deepseek-v3-grpo}" --save-interval 20)
-DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --apply-chat-template --rollout-shuffle
+DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --input-key prompt --label-key label --apply-chat-template --rollout-shuffle
            --rollout-batch-size 128 --n-samples-per-prompt 8)
 ROLLOUT_ARGS=(--rollout-num-gpus 256 --rollout-num-gpus-per-engine 32 --rollout-max-response-len 16384
               --rollout-temperature 1.0 --rm-type math --sglang-mem-fraction-static 0.7)

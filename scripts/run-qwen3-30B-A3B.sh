@@ -8,7 +8,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/launch.sh"
 source "$SCRIPTS_DIR/models/qwen3-30B-A3B.sh"
 
 CKPT_ARGS=(--hf-checkpoint "${HF_CHECKPOINT:-/root/Qwen3-30B-A3B}" --save "${SAVE_DIR:-/root/ckpt/qwen3-30B-A3B-grpo}" --save-interval 20)
-DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --apply-chat-template --rollout-shuffle
+DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --input-key prompt --label-key label --apply-chat-template --rollout-shuffle
            --rollout-batch-size 32 --n-samples-per-prompt 8)
 ROLLOUT_ARGS=(--rollout-num-gpus 16 --rollout-num-gpus-per-engine 8 --rollout-max-response-len 8192
               --rollout-temperature 1.0 --rm-type math --sglang-mem-fraction-static 0.7)

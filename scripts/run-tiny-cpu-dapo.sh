@@ -23,7 +23,7 @@ cat "$WORK/data/train.jsonl" "$WORK/data/eval.jsonl" > "$WORK/data/all.jsonl"
 # 3. GRPO with DAPO's pieces. Responses are at most 3 tokens (two digits and the end token), so a one-token
 # overlong buffer penalises exactly the responses cut at the 4-token budget.
 CKPT_ARGS=(--hf-checkpoint "$WORK/sft")
-DATA_ARGS=(--prompt-data "$WORK/data/train.jsonl" --rollout-shuffle
+DATA_ARGS=(--prompt-data "$WORK/data/train.jsonl" --input-key prompt --label-key label --rollout-shuffle
            --rollout-batch-size 32 --n-samples-per-prompt 8)
 ROLLOUT_ARGS=(--rollout-temperature 1.0 --rollout-max-response-len 4 --rollout-stop-token-ids 2
               --rollout-num-gpus 1 --rm-type math)

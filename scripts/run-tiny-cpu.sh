@@ -24,7 +24,7 @@ cat "$WORK/data/train.jsonl" "$WORK/data/eval.jsonl" > "$WORK/data/all.jsonl"
 
 # 3. GRPO. Argument groups as in every launch script; edit them freely.
 CKPT_ARGS=(--hf-checkpoint "$WORK/sft" --save "$WORK/ckpt" --save-interval 1000)
-DATA_ARGS=(--prompt-data "$WORK/data/train.jsonl" --rollout-shuffle
+DATA_ARGS=(--prompt-data "$WORK/data/train.jsonl" --input-key prompt --label-key label --rollout-shuffle
            --rollout-batch-size 32 --n-samples-per-prompt 8)
 ROLLOUT_ARGS=(--rollout-temperature 1.0 --rollout-max-response-len 4 --rollout-stop-token-ids 2
               --rollout-num-gpus 1 --rm-type math)

@@ -143,6 +143,12 @@ def check_against_hf_config(args: argparse.Namespace, config: Any) -> list[str]:
             continue
         if given != want:
             problems.append(f"--{dest.replace('_', '-')} {given} contradicts {field}={want} in the HF config")
+    model_name = getattr(args, "model_name", None)
+    if model_name and not model_name_matches(model_name, config.model_type):
+        problems.append(
+            f"--model-name {model_name} names another model than the HF config's model_type {config.model_type!r}, "
+            "which picks the Megatron -> HF conversion here (drop --model-name or fix it)"
+        )
     if args.moe_layer_freq and isinstance(args.moe_layer_freq, str):
         layers = _moe_layer_pattern(args.moe_layer_freq)
         if layers is not None and len(layers) != config.num_hidden_layers:
@@ -150,6 +156,20 @@ def check_against_hf_config(args: argparse.Namespace, config: Any) -> list[str]:
                 f"--moe-layer-freq has {len(layers)} entries but the HF config has num_hidden_layers={config.num_hidden_layers}"
             )
     return problems
+
+
+def model_name_matches(model_name: str, model_type: str) -> bool:
+    """Whether slime's --model-name (e.g. qwen3, Qwen3MoeConfig, qwen3-4b) names the HF config's model_type.
+
+    slime picks its converter by the lower-cased name (default: the config class name); here the name must
+    start with the model_type, separators and a trailing "config" aside, and not go on to a MoE variant.
+    """
+
+    def norm(text: str) -> str:
+        return text.lower().replace("_", "").replace("-", "").replace(".", "").removesuffix("config")
+
+    name, kind = norm(model_name), norm(model_type)
+    return name.startswith(kind) and not (name[len(kind) :].startswith("moe") and "moe" not in kind)
 
 
 def _show(field: str, want: Any) -> Any:

@@ -26,7 +26,12 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="split activations outside attention/MLP over the TP ranks (needs TP > 1 and Transformer Engine)",
     )
-    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument(
+        "--use-distributed-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="shard the optimizer states over the DP ranks (ZeRO-1); on by default, as slime forces it",
+    )
     g.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
@@ -52,7 +57,12 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--actor-num-nodes", type=int, default=1)
     t.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="trainer ranks per node (processes on CPU)")
     t.add_argument("--colocate", action="store_true", help="training and rollout share the same devices")
-    t.add_argument("--num-rollout", type=int, required=True, help="rollout/train iterations to run")
+    t.add_argument(
+        "--num-rollout",
+        type=int,
+        default=None,
+        help="rollout/train iterations to run (or --num-epoch; given both, --num-epoch is ignored, as slime)",
+    )
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +72,13 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("algorithm")
     g.add_argument("--advantage-estimator", default="grpo", choices=ESTIMATORS)
     g.add_argument("--disable-grpo-std-normalization", action="store_true", help="Dr.GRPO: centre rewards only")
+    g.add_argument(
+        "--disable-rewards-normalization",
+        action="store_false",
+        dest="rewards_normalization",
+        help="grpo/gspo/cispo take the raw reward as the advantage and reinforce_plus_plus_baseline drops its group "
+        "baseline (slime's switch of its group normalisation)",
+    )
     g.add_argument("--normalize-advantages", action="store_true", help="whiten advantages over the rollout's tokens")
     g.add_argument("--loss-type", default="policy_loss", choices=LOSS_TYPES)
     g.add_argument(
@@ -88,6 +105,11 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
     g.add_argument("--kl-loss-type", default="k1", choices=KL_TYPES, help="KL estimator (default k1, as slime)")
     g.add_argument(
+        "--use-unbiased-kl",
+        action="store_true",
+        help="weigh the KL loss per token by pi/pi_old (DeepSeek-V3.2's unbiased estimate), as slime",
+    )
+    g.add_argument(
         "--kl-coef",
         type=float,
         default=0.0,
@@ -99,6 +121,12 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         "--custom-advantage-function-path",
         default=None,
         help="(args, AdvantageInputs) -> per-sample advantage tensors; see slime_like/algorithms/advantages.py",
+    )
+    g.add_argument(
+        "--custom-pg-loss-reducer-function-path",
+        default=None,
+        help="slime's contract: fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) -> "
+        "reducer of the policy-gradient loss; see slime_like/algorithms/slime_contract.py",
     )
     g.add_argument(
         "--custom-loss-function-path",
@@ -118,12 +146,42 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--use-tis", action="store_true", help="truncated importance sampling on rollout log-probs")
     o.add_argument("--tis-clip", type=float, default=2.0, help="upper bound of the TIS weight")
     o.add_argument("--tis-clip-low", type=float, default=0.0, help="lower bound of the TIS weight")
+    o.add_argument(
+        "--custom-tis-function-path",
+        default=None,
+        help="with --use-tis: slime's contract, fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, "
+        "total_lengths, response_lengths) -> (pg_loss, loss_masks, metrics); see slime_like/algorithms/slime_contract.py",
+    )
+    o.add_argument(
+        "--get-mismatch-metrics",
+        action="store_true",
+        help="as slime: turns on the TIS path (--use-tis: the clipped weight multiplies the loss) and its metrics; "
+        "the train/rollout mismatch itself is logged in every run that has SGLang's log-probs",
+    )
+    o.add_argument(
+        "--use-opsm",
+        action="store_true",
+        help="off-policy sequence masking: drop a negative-advantage sequence whose mean log(pi_old/pi) > --opsm-delta",
+    )
+    o.add_argument("--opsm-delta", type=float, default=1e-4, help="threshold of --use-opsm")
     o.add_argument("--use-mis", action="store_true", help="masked importance sampling: drop what leaves the band")
     o.add_argument("--mis-level", default="token", choices=MIS_LEVELS)
     o.add_argument("--mis-low", type=float, default=0.5, help="band of the IS ratio (also of the mismatch metric)")
     o.add_argument("--mis-high", type=float, default=2.0)
     o.add_argument("--use-decoupled-loss", action="store_true", help="AReaL's decoupled PPO objective")
     o.add_argument("--behav-imp-weight-cap", type=float, default=None, help="drop tokens whose weight exceeds it")
+    n = parser.add_argument_group("not supported here (each is an error naming why)")
+    n.add_argument("--use-opd", action="store_true", help="on-policy distillation: not supported")
+    n.add_argument("--opd-type", default=None, choices=["sglang", "megatron"], help="with --use-opd")
+    n.add_argument("--opd-kl-coef", type=float, default=1.0, help="with --use-opd")
+    n.add_argument("--opd-teacher-load", default=None, help="with --use-opd")
+    n.add_argument("--megatron-config-path", default=None, help="slime's per-role Megatron YAML: not supported")
+    g.add_argument(
+        "--custom-config-path",
+        default=None,
+        help="YAML of argument values set on args, as slime: existing names override the command line, new ones "
+        "are there for plugins to read",
+    )
     c = parser.add_argument_group("critic (--advantage-estimator ppo)")
     c.add_argument("--critic-lr", type=float, default=None, help="default --lr")
     c.add_argument("--value-clip", type=float, default=0.2, help="value clipping around the rollout's values")
@@ -153,6 +211,19 @@ def validate_checkpoint_args(args: argparse.Namespace) -> None:
         _error(f"--keep-last-n-checkpoints {keep} must be >= 1 (leave it out to keep every checkpoint)")
     if keep is not None and not args.save:
         _error("--keep-last-n-checkpoints needs --save DIR")
+    if args.update_weight_transport == "nccl":  # slime's name of the broadcast transport
+        args.update_weight_transport = "distributed"
+    if args.update_weight_mode == "delta":
+        _error(
+            "--update-weight-mode delta is not supported: updates here always send all weights (--update-weight-mode "
+            "full, slime's default)"
+        )
+    given = [flag for flag in DELTA_FLAGS if getattr(args, flag.removeprefix("--").replace("-", "_")) is not None]
+    if given:
+        _error(
+            f"{given[0]} configures slime's disk/delta weight update, which is not supported here: the disk transport "
+            "(--update-weight-transport disk) writes its files under --output-dir/weights; drop the flag"
+        )
     loading = [f for f in ("no_load_optim", "no_load_rng", "finetune") if getattr(args, f)]
     if loading and not args.load:
         _error(f"--{loading[0].replace('_', '-')} applies to what --load loads: add --load DIR (or drop it)")
@@ -176,6 +247,29 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
     from slime_like.algorithms.names import SEQUENCE_LEVEL
 
     est = args.advantage_estimator
+    _reject_unsupported(args)
+    if args.get_mismatch_metrics:
+        # slime runs its TIS path for either flag (loss.py: `if args.get_mismatch_metrics or args.use_tis`), so the
+        # clipped weight multiplies the loss here too; the mismatch metrics themselves are always logged.
+        others = [f for f in ("use_mis", "use_decoupled_loss", "use_rollout_logprobs") if getattr(args, f)]
+        if others:
+            _error(
+                f"--get-mismatch-metrics applies slime's TIS weights (as --use-tis), which --{others[0].replace('_', '-')} "
+                "excludes: drop one of them (the mismatch metrics are logged anyway)"
+            )
+        args.use_tis = True
+    if args.custom_tis_function_path and not args.use_tis:
+        _error("--custom-tis-function-path replaces the TIS weights: it needs --use-tis (or --get-mismatch-metrics)")
+    if args.use_unbiased_kl and not args.use_kl_loss:
+        _error("--use-unbiased-kl weighs the KL loss: it needs --use-kl-loss")
+    if args.custom_pg_loss_reducer_function_path:
+        if args.loss_type != "policy_loss":
+            _error("--custom-pg-loss-reducer-function-path reduces the policy loss: it needs --loss-type policy_loss")
+        if args.loss_agg_mode not in (None, "seq-mean-token-mean", "token-mean"):
+            _error(
+                "--custom-pg-loss-reducer-function-path replaces slime's reducer, which is --loss-agg-mode "
+                f"seq-mean-token-mean (or token-mean with --calculate-per-token-loss), not {args.loss_agg_mode}"
+            )
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
     if args.loss_agg_mode is None:
@@ -241,12 +335,34 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
     _check_hooks(args)
 
 
+def _reject_unsupported(args: argparse.Namespace) -> None:
+    """slime's flags for features this engine does not have: an error naming the flag and why."""
+    opd = [f for f, on in (("--use-opd", args.use_opd), ("--opd-type", args.opd_type),
+                           ("--opd-teacher-load", args.opd_teacher_load), ("--opd-kl-coef", args.opd_kl_coef != 1.0))
+           if on]  # fmt: skip
+    if opd:
+        _error(
+            f"{opd[0]}: on-policy distillation is not supported here (the engine runs no teacher model); drop the "
+            "--use-opd/--opd-* flags"
+        )
+    if args.megatron_config_path:
+        _error(
+            "--megatron-config-path (slime's per-role Megatron YAML) is not supported: the critic shares the "
+            "actor's flags here, with its own --critic-lr"
+        )
+
+
 def _check_hooks(args: argparse.Namespace) -> None:
     """Import the custom loss/advantage functions now, before any server starts."""
     from slime_like.core.errors import PluginError
     from slime_like.core.plugin_loader import load_plugin
 
     try:
+        if args.custom_tis_function_path:
+            load_plugin(args.custom_tis_function_path, "--custom-tis-function-path", is_async=False)
+        if args.custom_pg_loss_reducer_function_path:
+            path = args.custom_pg_loss_reducer_function_path
+            load_plugin(path, "--custom-pg-loss-reducer-function-path", params=4, is_async=False)
         if args.custom_loss_function_path:
             load_plugin(args.custom_loss_function_path, "--custom-loss-function-path", params=4, is_async=False)
         if args.custom_advantage_function_path:
@@ -257,10 +373,49 @@ def _check_hooks(args: argparse.Namespace) -> None:
         _error(str(exc))
 
 
+def apply_custom_config(args: argparse.Namespace) -> list[str]:
+    """--custom-config-path: set each key of the YAML mapping on args, as slime does; returns the keys set.
+
+    A key that names a flag overrides the command line (before the checks, so they see it); any other key is
+    new, for plugins to read (slime's custom functions take their settings this way).
+    """
+    path = getattr(args, "custom_config_path", None)
+    if not path:
+        return []
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        _error(f"--custom-config-path {path}: cannot read it as YAML ({exc})")
+    if not isinstance(data, dict) or not all(isinstance(k, str) and k.isidentifier() for k in data):
+        _error(f"--custom-config-path {path}: expected a mapping of argument names (like use_tis: true) to values")
+    for key, value in data.items():
+        setattr(args, key, value)
+    return list(data)
+
+
+# slime's flags of its disk and delta weight updates; the disk transport here writes under --output-dir.
+DELTA_FLAGS = (
+    "--update-weight-disk-dir",
+    "--update-weight-local-checkpoint-dir",
+    "--update-weight-delta-encoding",
+    "--update-weight-delta-checksum",
+    "--custom-update-weight-post-write-path",
+)
+
+
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """Model source, checkpoint save/load and weight-update flags."""
     g = parser.add_argument_group("checkpoint")
     g.add_argument("--hf-checkpoint", required=True, help="HF model directory (weights, config, tokenizer)")
+    g.add_argument(
+        "--model-name",
+        default=None,
+        help="slime's name of the model for Megatron -> HF weight names (e.g. qwen3, qwen3_moe, llama): checked "
+        "against the HF config's model_type, which picks the conversion here",
+    )
     g.add_argument(
         "--save",
         default=None,
@@ -299,10 +454,18 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--update-weight-transport",
         default="distributed",
-        choices=["distributed", "tensor", "disk"],
-        help="distributed: broadcast (NCCL/gloo); tensor: shared memory / CUDA IPC handles (servers on the "
-        "trainer's node, e.g. --colocate); disk: safetensors files reloaded by the servers",
+        choices=["distributed", "nccl", "tensor", "disk"],
+        help="distributed (slime's name: nccl): broadcast (NCCL/gloo); tensor: shared memory / CUDA IPC handles "
+        "(servers on the trainer's node, e.g. --colocate); disk: safetensors files reloaded by the servers",
     )
+    w.add_argument(
+        "--update-weight-mode",
+        default="full",
+        choices=["full", "delta"],
+        help="full: every update sends all weights (slime's default); delta is not supported here",
+    )
+    for flag in DELTA_FLAGS:
+        w.add_argument(flag, default=None, help="slime's disk/delta weight update: not supported here")
     w.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per update bucket")
     w.add_argument(
         "--update-weight-timeout", type=float, default=300.0, help="seconds any server call or broadcast may take"

@@ -187,6 +187,7 @@ def job_flags(model: Path, work: Path, args: argparse.Namespace, max_response_le
     """The run's flags, shared by the loop subprocesses and the in-process sections."""
     return [
         "--hf-checkpoint", str(model), "--prompt-data", str(work / "data" / "train.jsonl"), "--rollout-shuffle",
+        "--input-key", "prompt", "--label-key", "label",
         "--rollout-batch-size", str(args.rollout_batch_size), "--n-samples-per-prompt", str(args.n_samples_per_prompt),
         "--num-rollout", str(args.num_rollout), "--rollout-max-response-len", str(max_response_len),
         "--rollout-stop-token-ids", "2", "--rollout-num-gpus", str(args.num_servers), "--rm-type", "math",

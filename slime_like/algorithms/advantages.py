@@ -1,6 +1,7 @@
 """Advantage estimators by name (--advantage-estimator), and the custom-advantage hook's contract.
 
-- grpo, gspo, cispo: the group-normalised reward on every token (grpo.py; Dr.GRPO without std).
+- grpo, gspo, cispo: the group-normalised reward on every token (grpo.py; Dr.GRPO without std; the raw
+  reward with --disable-rewards-normalization, which also drops reinforce_plus_plus_baseline's baseline).
 - rloo: reward minus the leave-one-out mean of its group (rloo.py).
 - reinforce_plus_plus(_baseline): KL-shaped token returns, whitened over the batch (reinforce_pp.py).
 - ppo: GAE on KL-shaped token rewards with the critic's values; returns are the critic's targets (ppo.py).
@@ -81,15 +82,17 @@ def compute_advantages(args: Any, inputs: AdvantageInputs, custom: Callable[...,
 
 def _builtin(args: Any, inputs: AdvantageInputs) -> Advantages:
     name, masks, rewards = args.advantage_estimator, inputs.loss_masks, inputs.rewards
+    # --disable-rewards-normalization (slime's rewards_normalization False): the rewards go in as they are.
+    raw = inputs.rewards_normalized or not getattr(args, "rewards_normalization", True)
     if name in ("grpo", "gspo", "cispo"):
         use_std = not args.disable_grpo_std_normalization
-        scalars = rewards if inputs.rewards_normalized else grpo_advantages(rewards, inputs.group_ids, use_std)
+        scalars = rewards if raw else grpo_advantages(rewards, inputs.group_ids, use_std)
         return Advantages(_broadcast(scalars, masks))
     if name == "rloo":
         return Advantages(_broadcast(rloo_advantages(rewards, inputs.group_ids), masks))
     kls = _kls(inputs, args.kl_coef)
     if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        groups = inputs.group_ids if name == "reinforce_plus_plus_baseline" and not inputs.rewards_normalized else None
+        groups = inputs.group_ids if name == "reinforce_plus_plus_baseline" and not raw else None
         advantages, returns = reinforce_pp_advantages(rewards, masks, kls, args.kl_coef, args.gamma, groups)
         return Advantages(advantages, returns)
     if name == "ppo":

@@ -8,9 +8,12 @@ the step's token means. Rows (one dict per sample) carry response_length, loss_m
 metric_weight, old_log_probs, advantages and, when used, is_weight and ref_log_probs; a critic's
 rows carry old_values and returns.
 
-Per token, the policy loss is  l = w * pg + kl_loss_coef * KL(pi || pi_ref) - entropy_coef * H
+Per token, the policy loss is  l = w * o * pg + kl_loss_coef * KL(pi || pi_ref) - entropy_coef * H
 with pg the objective of --advantage-estimator (ppo_clip_loss, gspo_loss or cispo_loss), w the
-off-policy weight (off_policy.py; 1 without a correction) and KL by --kl-loss-type (kl.py).
+off-policy weight (off_policy.py, or slime's --custom-tis-function-path; 1 without a correction), o
+OPSM's keep mask (opsm.py; 1 without --use-opsm) and KL by --kl-loss-type (kl.py, times pi/pi_old with
+--use-unbiased-kl). slime's --custom-pg-loss-reducer-function-path replaces the aggregation of the
+w * o * pg term only, as in slime.
 
 A custom loss (--loss-type custom_loss --custom-loss-function-path pkg.module.fn) has the signature
     fn(args, log_probs: list[Tensor], entropy: list[Tensor], rows: list[dict])
@@ -30,6 +33,7 @@ import torch
 from slime_like.algorithms.cispo import cispo_loss
 from slime_like.algorithms.gspo import gspo_loss
 from slime_like.algorithms.kl import kl_estimate
+from slime_like.algorithms.opsm import opsm_keep
 from slime_like.algorithms.policy_loss import PolicyLossOutput, ppo_clip_loss
 from slime_like.algorithms.ppo import value_loss
 from slime_like.algorithms.sft import sft_token_loss
@@ -61,22 +65,40 @@ def _concat(rows: Rows, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
 
 
 def policy_loss_fn(args: Any) -> LossFn:
-    """Loss function of a policy step: clipped objective, IS weights, KL loss and entropy bonus.
+    """Loss function of a policy step: clipped objective, OPSM, IS weights, KL loss and entropy bonus.
 
     The micro-batch's responses are concatenated into one flat tensor so every term is a handful of
     vector operations and each metric one reduction (a per-sample loop cost ~10% of a CPU step).
+    slime's TIS function and pg-loss reducer hooks, when given, take the policy-gradient term's place
+    in that chain (slime_contract.py).
     """
     keys = ("old_log_probs", "advantages", "loss_mask", "token_weight", "metric_weight", "is_weight", "ref_log_probs")
+    tis_hook, reducer_hook = _slime_pg_hooks(args)
+    opsm, unbiased_kl = getattr(args, "use_opsm", False), getattr(args, "use_unbiased_kl", False)
 
     def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor]):
         lengths = [r["response_length"] for r in rows]
         lp = torch.cat([x[-n:] for x, n in zip(log_probs, lengths, strict=True)])
         ent = torch.cat([x[-n:] for x, n in zip(entropy, lengths, strict=True)])
         flat = _concat(rows, keys)
-        mw = flat["metric_weight"]
+        mw, weight = flat["metric_weight"], flat["token_weight"]
         out = policy_objective(args, lp, flat, lengths)
-        pg = out.loss * flat["is_weight"] if "is_weight" in flat else out.loss
-        per_token = pg - args.entropy_coef * ent if args.entropy_coef else pg
+        pg, pg_weight, extra = out.loss, weight, {}
+        if opsm:
+            keep = opsm_keep(lp, flat["old_log_probs"], flat["advantages"], flat["loss_mask"], lengths, args.opsm_delta)
+            pg = pg * keep
+            extra["opsm_clipfrac"] = _share(1.0 - keep, mw)
+        if tis_hook is not None:
+            pg, kept, tis_metrics = tis_hook(pg, rows)
+            pg_weight = weight * kept  # rejected tokens leave the sum; the normaliser stays (slime)
+            extra.update({k: _share(torch.as_tensor(v, dtype=torch.float32), mw) for k, v in tis_metrics.items()})
+        elif "is_weight" in flat:
+            pg = pg * flat["is_weight"]
+        if reducer_hook is not None:
+            kept_mask = flat["loss_mask"] * kept if tis_hook is not None else flat["loss_mask"]
+            total = reducer_hook(pg, rows, list(kept_mask.split(lengths)), weight)
+        else:
+            total = (pg * pg_weight).sum()
         stats = {
             "pg_loss": _share(pg, mw),
             "pg_clipfrac": _share(out.clipped, mw),
@@ -84,16 +106,38 @@ def policy_loss_fn(args: Any) -> LossFn:
             "ppo_kl": _share(flat["old_log_probs"] - lp, mw),
             "ppo_ratio_abs_dev": _share((out.ratio - 1).abs(), mw),
             "entropy": _share(ent, mw),
+            **extra,
         }
+        rest = -args.entropy_coef * ent if args.entropy_coef else None
         if args.use_kl_loss:
-            kl = kl_estimate(lp, flat["ref_log_probs"], args.kl_loss_type)
-            per_token = per_token + args.kl_loss_coef * kl
+            # --use-unbiased-kl: weigh by pi / pi_old with its gradient, as slime (kl.py).
+            ratio = torch.exp(lp - flat["old_log_probs"]) if unbiased_kl else None
+            kl = kl_estimate(lp, flat["ref_log_probs"], args.kl_loss_type, ratio)
+            rest = args.kl_loss_coef * kl if rest is None else rest + args.kl_loss_coef * kl
             stats["kl_loss"] = _share(kl, mw)
         else:
             stats["kl_loss"] = 0.0
-        return (per_token * flat["token_weight"]).sum(), stats
+        if rest is not None:
+            total = total + (rest * weight).sum()
+        return total, stats
 
     return loss_fn
+
+
+def _slime_pg_hooks(args: Any) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """slime's --custom-tis-function-path and --custom-pg-loss-reducer-function-path, adapted (None when unset)."""
+    from slime_like.algorithms.slime_contract import slime_pg_reducer, slime_tis
+    from slime_like.core.plugin_loader import load_plugin
+
+    tis_path = getattr(args, "custom_tis_function_path", None)
+    reducer_path = getattr(args, "custom_pg_loss_reducer_function_path", None)
+    tis = slime_tis(args, load_plugin(tis_path, "--custom-tis-function-path")) if tis_path else None
+    reducer = (
+        slime_pg_reducer(args, load_plugin(reducer_path, "--custom-pg-loss-reducer-function-path"))
+        if reducer_path
+        else None
+    )
+    return tis, reducer
 
 
 def custom_loss_fn(args: Any, fn: Callable[..., Any]) -> LossFn:

@@ -2,7 +2,9 @@
 
 slime calls a custom loss as `fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)` and a custom
 advantage estimator as `fn(args, rollout_data) -> None`, which sets `rollout_data["advantages"]` and
-`["returns"]`. The adapters here build slime's arguments from ours at the call boundary:
+`["returns"]`. Its TIS function (--custom-tis-function-path) and pg-loss reducer
+(--custom-pg-loss-reducer-function-path) run inside our policy loss (slime_tis, slime_pg_reducer). The adapters
+here build slime's arguments from ours at the call boundary:
 
 - Our engine hands a loss per-token log-probs and entropies of the responses, not the [1, T, V] logits. The
   `logits` a slime loss gets is a `ResponseLogits`, which `get_log_probs_and_entropy` (also importable as
@@ -12,8 +14,9 @@ advantage estimator as `fn(args, rollout_data) -> None`, which sets `rollout_dat
   coefficients, so the loss is the micro-batch's share of the step objective as our engine expects (with
   the default seq-mean-token-mean it is slime's per-sample mean over the global batch).
 - `rollout_data["rewards"]` are slime's normalised rewards (the group mean removed, divided by the group's
-  std for grpo/gspo/cispo unless --disable-grpo-std-normalization), or those a slime reward post-process
-  returned; `raw_reward` holds the task rewards. `kl` is slime's: log pi_old vs the reference by
+  std for grpo/gspo/cispo unless --disable-grpo-std-normalization; as they are with
+  --disable-rewards-normalization), or those a slime reward post-process returned; `raw_reward` holds the task
+  rewards. `kl` is slime's: log pi_old vs the reference by
   --kl-loss-type when --kl-coef is set, else zeros.
 """
 
@@ -115,10 +118,63 @@ def slime_loss_fn(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torc
     return loss_fn
 
 
+def slime_tis(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
+    """A slime TIS function (--custom-tis-function-path) as `(pg_loss, rows) -> (pg_loss, kept, metrics)`.
+
+    slime calls it as fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths,
+    response_lengths) with pg_loss the micro-batch's per-token loss (responses concatenated) and per-sample
+    lists for the rest; it returns (pg_loss, loss_masks, metrics), its masks zeroing rejected tokens and its
+    metrics per-token tensors. `kept` is those masks concatenated: rejected tokens leave the loss but keep
+    their place in its normaliser, as in slime.
+    """
+    view = slime_args(args)
+
+    def apply(pg_loss: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        pg_loss, masks, metrics = fn(
+            view,
+            pg_loss=pg_loss,
+            train_log_probs=[r["old_log_probs"] for r in rows],
+            rollout_log_probs=[r["rollout_log_probs"] for r in rows],
+            loss_masks=[r["loss_mask"] for r in rows],
+            total_lengths=[r["total_length"] for r in rows],
+            response_lengths=[r["response_length"] for r in rows],
+        )
+        return pg_loss, torch.cat([torch.as_tensor(m, dtype=torch.float32) for m in masks]), dict(metrics or {})
+
+    return apply
+
+
+def slime_pg_reducer(args: Any, fn: Callable[..., Any]) -> Callable[..., torch.Tensor]:
+    """A slime pg-loss reducer factory (--custom-pg-loss-reducer-function-path) as
+    `(pg_loss, rows, masks, token_weight) -> the micro-batch's share of the step's policy-gradient loss`.
+
+    slime calls fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) and applies the
+    reducer it returns to the concatenated per-token pg loss, in place of its per-sample token mean summed over
+    the micro-batch; slime then divides by the step's samples (or, per-token, by its loss tokens). Both
+    divisors are read off the step's aggregation weights: sum_t c_it = 1/B for seq-mean-token-mean, c = 1/N
+    for token-mean.
+    """
+
+    def reduce(
+        pg_loss: torch.Tensor, rows: Rows, masks: list[torch.Tensor], token_weight: torch.Tensor
+    ) -> torch.Tensor:
+        reducer = fn(
+            [r["total_length"] for r in rows],
+            [r["response_length"] for r in rows],
+            masks,
+            bool(args.calculate_per_token_loss),
+        )
+        per_row = [w.sum() for w in token_weight.split([r["response_length"] for r in rows])]
+        scale = float(token_weight.max()) if args.loss_agg_mode == "token-mean" else float(max(per_row))
+        return reducer(pg_loss) * scale
+
+    return reduce
+
+
 def slime_rewards(args: Any, inputs: AdvantageInputs) -> list[float]:
     """The rewards slime hands its advantage code: normalised per group for grpo-like estimators."""
     name = args.advantage_estimator
-    if inputs.rewards_normalized or name not in NORMALISED:
+    if inputs.rewards_normalized or name not in NORMALISED or not getattr(args, "rewards_normalization", True):
         return list(inputs.rewards)
     use_std = name != "reinforce_plus_plus_baseline" and not args.disable_grpo_std_normalization
     return grpo_advantages(inputs.rewards, inputs.group_ids, use_std)

@@ -7,12 +7,14 @@
         slime_like_state.json                   rollout id and data/buffer state (ours)
         slime_like_complete                     completion marker, written after everything else (ours)
     <root>/release/                             a model-only checkpoint (tools/convert_hf_to_torch_dist.py)
+    <root>/rollout/global_dataset_state_dict_19.pt   slime's data position after rollout 19 (slime writes it)
 
 A save writes into the sibling `iter_XXXXXXX.tmp/`, renames it into place, then replaces the tracker: a save
 cut off midway leaves only the temporary directory, and the tracker names the previous checkpoint. A directory
 with our state file but no marker (a partial copy) is never loaded. A directory without our state file is
 someone else's (slime's, Megatron's, the converter's): complete when Megatron's metadata.json is there.
-Pure Python (no torch): argument checks use it before anything heavy is imported.
+Pure Python at import (torch only inside read_slime_data_state): argument checks use it before anything heavy is
+imported.
 """
 
 from __future__ import annotations
@@ -114,6 +116,31 @@ class Checkpoint:
         """Our state file (rollout id, data/buffer state); None for a checkpoint written by slime or Megatron."""
         path = self.directory / STATE_FILE
         return json.loads(path.read_text()) if path.exists() else None
+
+
+def slime_data_state_path(checkpoint: Checkpoint) -> Path | None:
+    """Where slime saves its data position for a checkpoint: <root>/rollout/global_dataset_state_dict_<iter>.pt."""
+    if checkpoint.iteration is None:
+        return None
+    return checkpoint.directory.parent / "rollout" / f"global_dataset_state_dict_{checkpoint.iteration}.pt"
+
+
+def read_slime_data_state(checkpoint: Checkpoint) -> dict[str, Any] | None:
+    """slime's saved data position of a checkpoint (sample_offset, epoch_id, sample_group_index, sample_index,
+    metadata), or None when slime wrote none; a file that cannot be read is a CheckpointError naming it."""
+    path = slime_data_state_path(checkpoint)
+    if path is None or not path.is_file():
+        return None
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # plain ints and a dict: no code runs
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot read slime's data position ({exc}); move the file away to start the "
+                              "data from its beginning") from exc  # fmt: skip
+    if not isinstance(state, dict) or "sample_offset" not in state:
+        raise CheckpointError(f"{path}: not slime's data-source state (no sample_offset)")
+    return state
 
 
 def _iterations(root: Path) -> list[int]:

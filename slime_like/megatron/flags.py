@@ -99,9 +99,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def validate_training_args(args: argparse.Namespace) -> None:
-    """Fill --global-batch-size from --num-steps-per-rollout and reject contradictions, naming the flags."""
+    """Apply --custom-config-path, fill --global-batch-size from --num-steps-per-rollout and reject
+    contradictions, naming the flags."""
     from slime_like.core.errors import ArgumentError
+    from slime_like.training_arguments import apply_custom_config
 
+    apply_custom_config(args)  # first, so every check below sees the values it sets
     if args.enable_mtp_training:
         raise ArgumentError(
             "--enable-mtp-training is not supported: the engine builds the model without multi-token-prediction "

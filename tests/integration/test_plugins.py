@@ -103,6 +103,7 @@ def args_for(model: Path, task: Path, *extra: str, data: bool = True) -> Any:
     return parse_args(
         [
             "--hf-checkpoint", str(model), *(["--prompt-data", str(task / "train.jsonl")] if data else []),
+            "--input-key", "prompt", "--label-key", "label",
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", "1",
             "--rollout-max-response-len", "4", "--output-dir", str(task / "out"), *extra,
         ]

@@ -68,7 +68,7 @@ def run(
     """One rollout of 4 agent samples; every /generate the agent sent, with its answer."""
     args = parse_args(
         [
-            "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(task / "train.jsonl"),
+            "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(task / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
             "--rollout-batch-size", "1", "--n-samples-per-prompt", "4", "--num-rollout", "1",
             "--rollout-max-response-len", "600", "--custom-generate-function-path", "agent_under_test.generate",
             "--rm-type", "f1", "--output-dir", str(task / "out"),

@@ -70,7 +70,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def manager(model: Path, task: Path, workers: list[SGLangServer], router: SGLangRouter, *extra: str) -> RolloutManager:
     args = parse_args(
         [
-            "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"),
+            "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
             "--rollout-batch-size", str(BATCH), "--over-sampling-batch-size", str(OVER),
             "--n-samples-per-prompt", str(N), "--num-rollout", "3", "--rollout-max-response-len", "2000",
             "--custom-rm-path", "dyn_plugin.reward", "--custom-generate-function-path", "dyn_plugin.generate",

@@ -87,6 +87,7 @@ def make(
     def build(*extra: str) -> RolloutManager:
         args = parse_args(
             ["--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(root / "train.jsonl"),
+             "--input-key", "prompt", "--label-key", "label",
              "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1",
              "--rollout-max-response-len", "48", "--output-dir", str(root / "out"), *extra]
         )  # fmt: skip

@@ -101,7 +101,7 @@ def test_smollm2_loop_rolls_out_at_the_trainers_precision(smollm2: Path, tmp_pat
     out = tmp_path / "out"
     cmd = [
         sys.executable, "-m", "slime_like.train", "--hf-checkpoint", str(smollm2), "--prompt-data", str(data),
-        "--input-key", "messages", "--apply-chat-template", "--rollout-batch-size", "2",
+        "--input-key", "messages", "--label-key", "label", "--apply-chat-template", "--rollout-batch-size", "2",
         "--n-samples-per-prompt", "2", "--num-rollout", "2", "--rollout-max-response-len", "6", "--lr", "1e-6",
         "--check-weight-update", "--output-dir", str(out), "--ray-num-cpus", "4", *placement,
     ]  # fmt: skip

@@ -44,6 +44,7 @@ def run_loop(module: str, model: Path, task: Path, out: Path, *extra: str, num_r
     cmd = [
         sys.executable, "-m", module,
         "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"), "--rollout-shuffle",
+        "--input-key", "prompt", "--label-key", "label",
         "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N_SAMPLES),
         "--num-rollout", str(num_rollout), "--rollout-max-response-len", "3", "--rollout-stop-token-ids", "2",
         "--lr", "1e-3", "--output-dir", str(out), "--save-debug-rollout-data", "--ray-num-cpus", "4",

@@ -182,3 +182,23 @@ def test_custom_advantage_hook() -> None:
     assert isinstance(out, Advantages)
     assert out.advantages[0].tolist() == [1.0, 1.0, 0.0]
     assert out.advantages[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_disable_rewards_normalization_hand_computed() -> None:
+    # slime's --disable-rewards-normalization: grpo takes the raw rewards [3, 1] as the advantage (no mean, no
+    # std), on the loss tokens only.
+    raw = _args(rewards_normalization=False)
+    a = compute_advantages(raw, _inputs(rewards=[3.0, 1.0])).advantages
+    assert a[0].tolist() == pytest.approx([3.0, 3.0, 0.0])
+    assert a[1].tolist() == pytest.approx([1.0, 0.0, 0.0])
+    # reinforce_plus_plus_baseline drops its group baseline. Two groups of one sample each: with the baseline
+    # (the default) both rewards become 0 and so does every advantage; without it the returns are the raw rewards
+    # [3, 3] and [1] (gamma 1, no KL) on the 3 loss tokens, whitened: mean 7/3, variance ((2/3)^2 * 2 + (4/3)^2)/3.
+    two_groups = _inputs(rewards=[3.0, 1.0], group_ids=[0, 1])
+    base = compute_advantages(_args(advantage_estimator="reinforce_plus_plus_baseline"), two_groups).advantages
+    assert [x.tolist() for x in base] == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    rpp = _args(advantage_estimator="reinforce_plus_plus_baseline", rewards_normalization=False)
+    b = compute_advantages(rpp, two_groups).advantages
+    sd = math.sqrt(((2 / 3) ** 2 * 2 + (4 / 3) ** 2) / 3 + 1e-8)
+    assert b[0].tolist() == pytest.approx([(2 / 3) / sd, (2 / 3) / sd, 0.0], rel=1e-5)
+    assert b[1].tolist() == pytest.approx([(-4 / 3) / sd, 0.0, 0.0], rel=1e-5)

@@ -150,6 +150,7 @@ class FakeRun:
 def run_args(**overrides: object) -> SimpleNamespace:
     args = dict(save=None, save_interval=None, num_rollout=6, keep_last_n_checkpoints=None, load=None)
     args.update(ref_load=None, finetune=False, no_load_optim=False, no_load_rng=False)
+    args.update(data_source_path=None, rollout_seed=42)
     return SimpleNamespace(**{**args, **overrides})
 
 
@@ -191,12 +192,12 @@ def test_run_load_falls_back_to_ref_load(tmp_path: Path, no_ray: None, caplog: p
 def test_run_loads_a_slime_checkpoint(tmp_path: Path, no_ray: None, caplog: pytest.LogCaptureFixture) -> None:
     fake_megatron_files(tmp_path / "iter_0000019")
     (tmp_path / layout.TRACKER).write_text("19")
-    (tmp_path / "rollout").mkdir()  # slime's data state lives here; not ours to read
+    (tmp_path / "rollout").mkdir()  # slime's data position lives here, but this run saved none
     run = FakeRun(run_args(load=str(tmp_path)))
     with caplog.at_level(logging.INFO, logger="slime_like.run"):
         assert run._load() == 20  # slime's iteration is the 0-based rollout id
     assert run.calls == [("load", str(tmp_path / "iter_0000019"), True, True), ("version", 20)]
-    assert "the data position was not saved; the data starts from its beginning" in caplog.text
+    assert "slime saved no data position" in caplog.text and "the data starts from its beginning" in caplog.text
     # --finetune: weights only, from rollout 0.
     run = FakeRun(run_args(load=str(tmp_path), finetune=True))
     assert run._load() == 0 and run.calls == [("load", str(tmp_path / "iter_0000019"), False, False), ("version", 0)]
@@ -222,3 +223,58 @@ def test_checkpoint_flags(base: list[str], tmp_path: Path, capsys: pytest.Captur
         assert message in capsys.readouterr().err, flags
     # The run directory, state file and tracker are plain JSON/text a user can read.
     assert json.loads((tmp_path / "run" / "iter_0000004" / layout.STATE_FILE).read_text())["rollout_id"] == 4
+
+
+def slime_data_position(root: Path, rollout_id: int, **state: object) -> None:
+    """The file slime's data source saves beside its checkpoint of rollout_id (torch.save of a plain dict)."""
+    import torch
+
+    (root / "rollout").mkdir(exist_ok=True)
+    torch.save({"metadata": {}, **state}, root / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_run_restores_slime_data_position(tmp_path: Path, no_ray: None, shuffle: bool) -> None:
+    from buffer.data_source import DataSource, PromptDataset
+
+    fake_megatron_files(tmp_path / "iter_0000004")
+    (tmp_path / layout.TRACKER).write_text("4")
+    # 5 prompts, 2 per rollout: after rollouts 0-4 slime took 10 prompts, the end of epoch 1 (its offset 5).
+    # Then, with its group counter at 10 and sample counter at 20 (2 samples per prompt):
+    slime_data_position(tmp_path, 4, sample_offset=5, epoch_id=1, sample_group_index=10, sample_index=20)
+    run = FakeRun(run_args(load=str(tmp_path)))
+    assert run._load() == 5
+    (data_call,) = [c for c in run.calls if c[0] == "data"]
+    state = data_call[1]
+    assert state == {"source": {"epoch": 1, "offset": 5, "next_group_index": 10, "seed": 42}, "returned": []}
+    # Our source continues where slime's would: epoch 2, whose order slime makes by random.seed(42 + 2) and
+    # random.shuffle of range(5) (or the file's order without --rollout-shuffle), groups 10 and 11 next.
+    rows = tmp_path / "d.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "label": str(i)}) + "\n" for i in range(5)))
+    source = DataSource(PromptDataset(rows), 2, shuffle=shuffle, seed=42)
+    source.load_state_dict(state["source"])
+    import random
+
+    order = list(range(5))
+    if shuffle:
+        random.seed(42 + 2)
+        random.shuffle(order)
+    groups = source.get_groups(2)
+    assert [g[0].prompt for g in groups] == [f"q{order[0]}", f"q{order[1]}"]
+    assert [[s.index for s in g] for g in groups] == [[20, 21], [22, 23]]  # slime's sample_index goes on
+    assert [g[0].group_index for g in groups] == [10, 11]
+
+
+def test_slime_data_position_read_errors(tmp_path: Path, no_ray: None) -> None:
+    fake_megatron_files(tmp_path / "iter_0000002")
+    (tmp_path / layout.TRACKER).write_text("2")
+    checkpoint = find_checkpoint(tmp_path)
+    assert layout.read_slime_data_state(checkpoint) is None
+    (tmp_path / "rollout").mkdir()
+    (tmp_path / "rollout" / "global_dataset_state_dict_2.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="global_dataset_state_dict_2.pt: cannot read slime's data position"):
+        layout.read_slime_data_state(checkpoint)
+    # With --data-source-path the source keeps its own state: slime's position is not forced on it.
+    slime_data_position(tmp_path, 2, sample_offset=1, epoch_id=0, sample_group_index=1, sample_index=2)
+    run = FakeRun(run_args(load=str(tmp_path), data_source_path="pkg.Source"))
+    assert run._load() == 3 and not [c for c in run.calls if c[0] == "data"]

@@ -148,3 +148,13 @@ def test_low_var_kl_clamps_extreme_values() -> None:
     assert logp.grad.tolist() == pytest.approx([0.0, 1 - math.exp(2)])
     assert kl_estimate(torch.tensor([-5.0]), torch.tensor([0.0]), "k3").item() == pytest.approx(math.exp(5) - 6)
     assert kl_estimate(torch.tensor([0.3]), torch.tensor([0.3]), "k3").item() == 0.0
+
+
+def test_unbiased_kl_ratio_applies_before_the_low_var_clamp() -> None:
+    # d = logp - ref = -3: k3 = e^3 - 1 - 3 = 16.0855; times the ratio 2 it is 32.17, which low_var_kl clamps to
+    # 10 while k3 keeps it (slime multiplies by the ratio first, then clamps low_var_kl only).
+    lp, ref, ratio = torch.tensor([-4.0]), torch.tensor([-1.0]), torch.tensor([2.0])
+    k3 = math.exp(3) - 4
+    assert kl_estimate(lp, ref, "k3", ratio).item() == pytest.approx(2 * k3)
+    assert kl_estimate(lp, ref, "low_var_kl", ratio).item() == pytest.approx(10.0)
+    assert kl_estimate(lp, ref, "k2", ratio).item() == pytest.approx(2 * 4.5)

@@ -278,6 +278,10 @@ def test_slime_data_source_serves_groups_and_resumes(base: list[str], tmp_path: 
         *base,
         "--prompt-data",
         str(data),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
         "--data-source-path",
         "slime.rollout.data_source.RolloutDataSourceWithBuffer",
     ]
