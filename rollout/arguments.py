@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from buffer.arguments import resolve_num_rollout
+
 # Built-in reward types of --rm-type (rollout/rewards.py maps each name to its scorer).
 RM_TYPES = ("math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote")
 
@@ -29,7 +31,10 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-stop", nargs="*", default=None, help="stop strings")
     g.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=None)
     g.add_argument(
-        "--sglang-server-concurrency", type=int, default=64, help="in-flight requests per server (x servers in all)"
+        "--sglang-server-concurrency",
+        type=int,
+        default=512,
+        help="in-flight requests per server (x servers in all); 512 as slime",
     )
     g.add_argument("--rollout-request-timeout", type=float, default=600.0, help="seconds per /generate request")
     g.add_argument("--sglang-startup-timeout", type=float, default=180.0)
@@ -98,6 +103,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME PATH",
         help="eval datasets as name/path pairs (`aime a.jsonl gsm8k g.jsonl`), or one path",
     )
+    e.add_argument(
+        "--eval-config",
+        default=None,
+        help="slime's eval YAML (eval: {defaults: {...}, datasets: [{name, path, ...}]}); replaces --eval-prompt-data",
+    )
+    e.add_argument("--eval-input-key", default=None, help="row key of eval prompts (default --input-key)")
+    e.add_argument("--eval-label-key", default=None, help="row key of eval labels (default --label-key)")
     e.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts (and before the first)")
     e.add_argument("--n-samples-per-eval-prompt", type=int, default=1, help="samples per eval prompt (pass@k)")
     # Unset, each falls back to its rollout counterpart, as in slime (pass --eval-temperature 0 for greedy).
@@ -141,6 +153,13 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
                 f"--rollout-max-prompt-len {args.rollout_max_prompt_len} must be below --rollout-max-context-len "
                 f"{args.rollout_max_context_len}"
             )
+    if args.rollout_temperature <= 0:
+        # Training divides the logits by the rollout's temperature to get the rollout policy's log-probs.
+        raise ValueError(
+            f"--rollout-temperature {args.rollout_temperature}: training needs the sampling policy's log-probs, "
+            "which a temperature of 0 does not have; for near-greedy rollouts use --rollout-top-k 1 (at a "
+            "temperature above 0). Greedy evaluation is --eval-temperature 0"
+        )
     if args.over_sampling_batch_size is None:
         args.over_sampling_batch_size = args.rollout_batch_size
     if args.over_sampling_batch_size < 1:
@@ -153,12 +172,79 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
         raise ValueError("--group-rm needs --custom-rm-path (the built-in rewards score one sample at a time)")
     if args.rm_type == "remote" and not args.custom_rm_path and not args.rm_url:
         raise ValueError("--rm-type remote needs --rm-url")
+    resolve_num_rollout(args)
+    if args.eval_config:
+        apply_eval_config(args)
     if args.n_samples_per_eval_prompt < 1:
         raise ValueError("--n-samples-per-eval-prompt must be at least 1")
     args.eval_datasets = eval_datasets(args.eval_prompt_data)
     from rollout.hooks import load_hooks
 
     load_hooks(args)  # fails here, before Ray or any server starts, with the flag in the message
+
+
+# --eval-config fields (slime's names) -> the flag each sets; the eval here applies one value to every dataset.
+EVAL_CONFIG_FIELDS = {
+    "temperature": "eval_temperature",
+    "top_p": "eval_top_p",
+    "top_k": "eval_top_k",
+    "max_response_len": "eval_max_response_len",
+    "n_samples_per_eval_prompt": "n_samples_per_eval_prompt",
+    "input_key": "eval_input_key",
+    "label_key": "eval_label_key",
+}
+
+
+def apply_eval_config(args: Any) -> None:
+    """Read slime's --eval-config: its datasets replace --eval-prompt-data; a field in `defaults` or on a dataset
+    sets the --eval-* flag it stands for (one value for every dataset here: differing ones are an error)."""
+    import yaml
+
+    path = args.eval_config
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--eval-config {path}: cannot read it as YAML ({exc})") from None
+    section = data.get("eval", data) if isinstance(data, dict) else None
+    datasets = section.get("datasets") if isinstance(section, dict) else None
+    if isinstance(datasets, dict):
+        datasets = [{"name": name, **spec} for name, spec in datasets.items()]
+    if not datasets or not all(isinstance(d, dict) and d.get("name") and d.get("path") for d in datasets):
+        raise ValueError(f"--eval-config {path}: expected eval.datasets, a list of entries with a name and a path")
+    defaults = section.get("defaults") or {}
+    values: dict[str, dict[str, Any]] = {}  # field -> {dataset name: value}
+    for entry in datasets:
+        for field, value in {**defaults, **entry}.items():
+            if field in ("name", "path"):
+                continue
+            if field not in EVAL_CONFIG_FIELDS:
+                raise ValueError(
+                    f"--eval-config {path}: dataset {entry['name']!r} sets {field!r}, which this engine's eval does "
+                    f"not support (supported: name, path, {', '.join(EVAL_CONFIG_FIELDS)})"
+                )
+            values.setdefault(field, {})[entry["name"]] = value
+    for field, by_name in values.items():
+        if len(by_name) != len(datasets) and field not in defaults:
+            missing = sorted({d["name"] for d in datasets} - set(by_name))
+            raise ValueError(
+                f"--eval-config {path}: {field!r} is set for some datasets but not {missing}; the eval here applies "
+                "one value to every dataset: set it in eval.defaults"
+            )
+        if len({repr(v) for v in by_name.values()}) > 1:
+            raise ValueError(
+                f"--eval-config {path}: {field!r} differs between datasets ({by_name}); the eval here applies one "
+                "value to every dataset"
+            )
+        setattr(args, EVAL_CONFIG_FIELDS[field], next(iter(by_name.values())))
+    args.eval_prompt_data = [x for entry in datasets for x in (str(entry["name"]), str(entry["path"]))]
+
+
+def eval_data_keys(args: Any) -> tuple[str, str | None]:
+    """(input key, label key) of the eval datasets: --eval-input-key/--eval-label-key, else the training ones."""
+    input_key = args.eval_input_key if args.eval_input_key is not None else args.input_key
+    label_key = args.eval_label_key if args.eval_label_key is not None else args.label_key
+    return input_key, label_key
 
 
 SGLANG_DTYPE_ALIASES = {"half": "float16", "float": "float32"}

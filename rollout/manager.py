@@ -8,25 +8,28 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import ray
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
 from rollout import sglang_client as client
-from rollout.arguments import server_dtype
+from rollout.arguments import eval_data_keys, server_dtype
 from rollout.context import RolloutContext, running
+from rollout.engines import Engine, EngineLaunch, start_engines, start_router, stop_engines
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
 from rollout.hooks import RolloutHooks, load_hooks
 from rollout.metrics import rollout_metrics
 from rollout.postprocess import finish_rollout
+from rollout.router import SGLangRouter
 from rollout.sampling import generate_rollout
-from slime_like.core.errors import PluginError
+from slime_like.core.cluster import Slot
+from slime_like.core.errors import EngineError, PluginError
 from slime_like.core.logs import setup_logging
 from slime_like.core.sample import Sample
 
@@ -35,12 +38,13 @@ logger = logging.getLogger(__name__)
 DATA_SOURCE_METHODS = ("get_groups", "state_dict", "load_state_dict")
 
 
-def load_dataset(args: Any, path: str, tokenizer: Any) -> PromptDataset:
-    """A prompt dataset configured by the data flags."""
+def load_dataset(args: Any, path: str, tokenizer: Any, evaluation: bool = False) -> PromptDataset:
+    """A prompt dataset configured by the data flags (eval datasets by --eval-input-key/--eval-label-key)."""
+    input_key, label_key = eval_data_keys(args) if evaluation else (args.input_key, args.label_key)
     return PromptDataset(
         path,
-        input_key=args.input_key,
-        label_key=args.label_key,
+        input_key=input_key,
+        label_key=label_key,
         metadata_key=args.metadata_key,
         tokenizer=tokenizer,
         apply_chat_template=args.apply_chat_template,
@@ -65,7 +69,13 @@ class RolloutManager:
     """
 
     def __init__(
-        self, args: Any, gpu_offset: int = 0, server_urls: list[str] | None = None, router_url: str | None = None
+        self,
+        args: Any,
+        engine_slots: list[list[Slot]] | None = None,
+        use_gpu: bool = False,
+        env: dict[str, str] | None = None,
+        server_urls: list[str] | None = None,
+        router_url: str | None = None,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -77,10 +87,11 @@ class RolloutManager:
         self.data_skipped: dict[str, int] = {}
         self.buffer = Buffer(self._data_source(), self.hooks.buffer_filter, args)
         self.eval_datasets = {
-            name: load_dataset(args, path, self.tokenizer) for name, path in getattr(args, "eval_datasets", [])
+            name: load_dataset(args, path, self.tokenizer, evaluation=True)
+            for name, path in getattr(args, "eval_datasets", [])
         }
-        self.servers: list[Any] = []
-        self.router: Any = None
+        self.engines: list[Engine] = []
+        self.router: Any = None  # a local SGLangRouter (external servers) or a RouterHost actor
         self._external = server_urls is not None
         self._server_urls = list(server_urls or [])
         self._router_url = router_url
@@ -89,9 +100,9 @@ class RolloutManager:
         threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
         if self._external:
             if router_url is None:
-                self._start_router(Path(args.output_dir) / "logs")
+                self._start_local_router(Path(args.output_dir) / "logs")
         else:
-            self._start_servers(gpu_offset)
+            self._start_engines(engine_slots or [], use_gpu, env or {})
 
     def _data_source(self) -> Any:
         """--data-source-path's source, or the epoch-shuffled --prompt-data source."""
@@ -109,34 +120,32 @@ class RolloutManager:
             dataset, self.args.n_samples_per_prompt, shuffle=self.args.rollout_shuffle, seed=self.args.rollout_seed
         )
 
-    def _start_servers(self, gpu_offset: int) -> None:
-        from rollout.sglang_server import SGLangServer
-
-        tp = self.args.rollout_num_gpus_per_engine
-        log_dir = Path(self.args.output_dir) / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        n = max(1, self.args.rollout_num_gpus // tp)
-        self.servers = [
-            SGLangServer(
-                self.args.hf_checkpoint,
-                extra_args=[*self.args.sglang_server_args, *self._gpu_args(gpu_offset + i * tp, tp)],
-                startup_timeout=self.args.sglang_startup_timeout,
-                log_dir=log_dir,
-                dtype=server_dtype(self.args),  # the trainer's: else SGLang serves an fp32 checkpoint in fp16
-            )
-            for i in range(n)
-        ]
+    def _start_engines(self, engine_slots: list[list[Slot]], use_gpu: bool, env: dict[str, str]) -> None:
+        """Start one engine per slot list on its nodes, then the router actor on this node."""
+        if not engine_slots:
+            raise EngineError("no engine slots given: the placement reserved no rollout GPUs")
+        log_dir = str(Path(self.args.output_dir) / "logs")
+        launch = EngineLaunch(
+            model_path=self.args.hf_checkpoint,
+            dtype=server_dtype(self.args),  # the trainer's: else SGLang serves an fp32 checkpoint in fp16
+            device="cuda" if use_gpu else "cpu",
+            tp=self.args.rollout_num_gpus_per_engine,
+            extra_args=list(self.args.sglang_server_args),
+            log_dir=log_dir,
+            startup_timeout=self.args.sglang_startup_timeout,
+        )
+        self.engines = start_engines(launch, engine_slots, use_gpu, env)
         try:
-            with ThreadPoolExecutor(max_workers=n) as pool:
-                list(pool.map(lambda s: s.start(), self.servers))
-            self._server_urls = [s.url for s in self.servers]
-            self._start_router(log_dir)
+            self._server_urls = [e.url for e in self.engines]
+            self.router, self._router_url = start_router(self._server_urls, self.args.router_policy, log_dir, env)
+            for engine in self.engines:
+                logger.info("%s", engine.describe())
+            self.set_weight_version(0)
         except BaseException:
             self.shutdown()
             raise
-        self.set_weight_version(0)
 
-    def _start_router(self, log_dir: Path) -> None:
+    def _start_local_router(self, log_dir: Path) -> None:
         from rollout.router import SGLangRouter
 
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -144,11 +153,21 @@ class RolloutManager:
         self.router.start()
         self._router_url = self.router.url
 
-    @staticmethod
-    def _gpu_args(base_gpu_id: int, tp: int) -> list[str]:
-        import torch
+    def engine_layout(self) -> list[dict[str, Any]]:
+        """Each engine's URL, and per node rank its Ray node id and SGLang pid (placement lines, tests)."""
+        return [{"url": e.url, "nodes": [p[0].node_id for p in e.slots], "pids": list(e.pids)} for e in self.engines]
 
-        return ["--tp-size", str(tp), "--base-gpu-id", str(base_gpu_id)] if torch.cuda.is_available() else []
+    def router_info(self) -> dict[str, Any]:
+        """The router's URL and the workers it lists."""
+        return {"url": self._router_url, "workers": client.list_workers(self._router_url)}
+
+    def paths_unseen(self, path: str) -> list[str]:
+        """The engine nodes on which `path` does not exist (the disk transport needs a shared filesystem)."""
+        unseen = []
+        for engine in self.engines:
+            seen = ray.get([a.sees.remote(path) for a in engine.parts])
+            unseen += [f"{engine.url} ({p[0].describe()})" for p, ok in zip(engine.slots, seen, strict=True) if not ok]
+        return unseen
 
     def server_urls(self) -> list[str]:
         """Base URLs of the SGLang servers (for weight updates)."""
@@ -257,12 +276,19 @@ class RolloutManager:
         self.buffer.load_state_dict(state)
 
     def shutdown(self) -> None:
-        """Stop the router and every server this manager started; release the reward backend."""
+        """Stop the router and every engine this manager started; release the reward backend."""
         try:
             self._run(self.hooks.close())
         except Exception as exc:  # shutting down: report, then still stop the processes
             logger.warning("closing the reward function: %r", exc)
-        if self.router is not None:
+        if isinstance(self.router, SGLangRouter):
             self.router.stop()
-        for server in self.servers:
-            server.stop()
+        elif self.router is not None:
+            try:
+                ray.get(self.router.stop.remote(), timeout=30)
+            except Exception as exc:  # its node may be gone, and the router with it
+                logger.warning("stopping the router: %r", exc)
+            ray.kill(self.router)
+        self.router = None
+        stop_engines(self.engines)
+        self.engines = []

@@ -70,6 +70,7 @@ class SGLangServer:
         mem_fraction_static: float | None = None,
         omp_num_threads: int | None = None,
         stop_timeout: float = 15.0,
+        node_rank: int = 0,
     ) -> None:
         self.model_path = Path(model_path)
         self.host = host
@@ -83,6 +84,7 @@ class SGLangServer:
         self.mem_fraction_static = mem_fraction_static
         self.omp_num_threads = omp_num_threads
         self.stop_timeout = stop_timeout
+        self.node_rank = node_rank  # > 0: one node's share of a multi-node engine, with only a /health endpoint
         self.process: ManagedProcess | None = None
 
     @property
@@ -110,6 +112,11 @@ class SGLangServer:
             env.update(CPU_ENV)
             # One thread per process: two threads were 3-5x slower when several processes share 2 cores.
             env["OMP_NUM_THREADS"] = str(self.omp_num_threads or 1)
+            tp = self._tp_size()
+            if tp > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+                # SGLang's CPU engine binds each TP rank to a NUMA node unless told which cores: one core per rank.
+                cores = os.cpu_count() or 1
+                env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(rank % cores) for rank in range(tp))
         elif self.omp_num_threads:
             env["OMP_NUM_THREADS"] = str(self.omp_num_threads)
         max_tokens = self.max_total_tokens or (CPU_MAX_TOTAL_TOKENS if on_cpu else None)
@@ -120,6 +127,13 @@ class SGLangServer:
         if self.dtype:
             cmd += ["--dtype", self.dtype]
         return cmd + self.extra_args, env
+
+    def _tp_size(self) -> int:
+        """The --tp-size among the extra arguments (1 when absent)."""
+        for flag in ("--tp-size", "--tp", "--tensor-parallel-size"):
+            if flag in self.extra_args:
+                return int(self.extra_args[self.extra_args.index(flag) + 1])
+        return 1
 
     def start(self, wait: bool = True) -> SGLangServer:
         """Validate the inputs, launch the server and (by default) wait until /health answers 200."""
@@ -151,7 +165,8 @@ class SGLangServer:
         except BaseException:
             self.stop()  # a half-started server must not linger
             raise
-        freeze_gc(self.url)
+        if self.node_rank == 0:  # later node ranks serve /health only
+            freeze_gc(self.url)
 
     def stop(self) -> int | None:
         """Stop the server (SIGTERM, SIGKILL after `stop_timeout`); return its exit status."""

@@ -242,6 +242,8 @@ class TrainActor:
             raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
         is_weights = self._is_weights(old_lp, rollout_lp, masks)
         old = self._require_rollout(rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
+        if args.custom_tis_function_path:
+            self._require_rollout(rollout_lp, "--custom-tis-function-path")
         rows = []
         for i, mask in enumerate(masks):
             row = {
@@ -260,6 +262,10 @@ class TrainActor:
                 row["tokens"] = torch.tensor(data.tokens[i])
                 if rollout_lp[i] is not None:
                     row["rollout_log_probs"] = rollout_lp[i]
+            if args.custom_tis_function_path or args.custom_pg_loss_reducer_function_path:  # slime's hooks read them
+                row["total_length"] = len(data.tokens[i])
+                if args.custom_tis_function_path:
+                    row["rollout_log_probs"] = rollout_lp[i]  # checked above
             rows.append(row)
         metrics.update(self._rollout_metrics(result.advantages, masks, old_lp, rollout_lp, is_weights))
         return rows, metrics
@@ -275,7 +281,7 @@ class TrainActor:
     ) -> list[torch.Tensor] | None:
         """Per-token off-policy weights pi_old / pi_rollout of the chosen correction (None: no correction)."""
         args = self.args
-        if args.use_tis:
+        if args.use_tis and not args.custom_tis_function_path:  # slime's TIS hook weighs inside the loss
             flag, weigh = "--use-tis", lambda d, m: tis_weights(d, args.tis_clip_low, args.tis_clip)
         elif args.use_mis:
             flag, weigh = "--use-mis", lambda d, m: mis_weights(d, m, args.mis_level, args.mis_low, args.mis_high)
@@ -349,7 +355,10 @@ class TrainActor:
         args = self.args
         size, timeout, tp = args.update_weight_buffer_size, args.update_weight_timeout, args.rollout_num_gpus_per_engine
         factories = {
-            "distributed": lambda: DistributedTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
+            # Rank 0's node address (MASTER_ADDR): engines on other nodes join the weight group there.
+            "distributed": lambda: DistributedTransport(
+                server_urls, size, tp_per_server=tp, master_address=os.environ["MASTER_ADDR"], timeout_s=timeout
+            ),
             "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
             "disk": lambda: DiskTransport(
                 server_urls, size, args.hf_checkpoint, os.path.join(output_dir, "weights"), timeout_s=timeout
@@ -372,6 +381,11 @@ class TrainActor:
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    def touch(self, path: str) -> None:
+        """Create an empty file at `path` on this rank's node (the disk transport's shared-filesystem check)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).touch()
 
     def offload(self) -> dict[str, float]:
         """Colocated on GPU: move weights, gradient buffers and optimizer states off the GPU (servers generate)."""

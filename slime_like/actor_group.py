@@ -26,18 +26,20 @@ class TrainGroup:
     """All trainer ranks; each call runs on every rank and returns rank 0's answer."""
 
     def __init__(self, args: Any, placement: Placement) -> None:
-        first = placement.actor_bundles[0]
-        probe = _RankInfo.options(**placement.options(first, num_cpus=0.01)).remote()
+        self.placement = placement
+        # torch.distributed's rendezvous: a free port on the node of rank 0, at the address that node registered.
+        probe = _RankInfo.options(**placement.trainer_options(0, num_cpus=0.01, num_gpus=0)).remote()
         addr, port = ray.get(probe.address.remote())
         ray.kill(probe)
         remote_cls = ray.remote(TrainActor)
         self.actors = [
-            remote_cls.options(**placement.options(bundle)).remote(args, rank, addr, port)
-            for rank, bundle in enumerate(placement.actor_bundles)
+            remote_cls.options(**placement.trainer_options(rank)).remote(args, rank, addr, port)
+            for rank in range(len(placement.trainer))
         ]
 
     def _all(self, method: str, *args: Any) -> Any:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        return self.placement.get(refs, f"trainer ranks ran {method}")[0]
 
     def train(self, rollout_id: int, data: TrainData) -> dict[str, float]:
         """One rollout's optimizer steps on every rank."""
@@ -51,6 +53,10 @@ class TrainGroup:
     def shutdown(self, timeout: float = 60.0) -> None:
         """Every rank closes its weight channel, frees its model and leaves torch.distributed (bounded)."""
         ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout)
+
+    def touch(self, path: str) -> None:
+        """Write an empty file at `path` from rank 0's node (whether engines see it tells a shared filesystem)."""
+        ray.get(self.actors[0].touch.remote(path))
 
     def check_weights(self, server_urls: list[str], when: str) -> float:
         """The post-update check outside an update (e.g. before the first rollout); the largest difference."""

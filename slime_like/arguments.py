@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from buffer.arguments import add_data_arguments
 from rollout.arguments import (
@@ -17,7 +18,14 @@ from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
 from slime_like.megatron.flags import add_training_arguments, validate_training_args
 from slime_like.model_arguments import add_model_arguments, check_against_hf_config
-from slime_like.planner import add_plan_arguments, dry_run, load_hf_config
+from slime_like.planner import (
+    MEMORY_WARNING,
+    add_plan_arguments,
+    count_problems,
+    dry_run,
+    load_hf_config,
+    make_plan,
+)
 from slime_like.training_arguments import (
     add_algorithm_arguments,
     add_checkpoint_arguments,
@@ -72,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-debug-rollout-data", action="store_true", help="write every rollout's samples to output-dir/rollouts/"
     )
     g.add_argument("--ray-num-cpus", type=int, default=8, help="logical CPUs of a local Ray instance")
+    g.add_argument(
+        "--device",
+        choices=["auto", "cuda", "cpu"],
+        default="auto",
+        help="where trainer ranks and engines run: auto = GPUs when the Ray cluster has any, else CPUs "
+        "(decided from the cluster, not from the machine the driver runs on)",
+    )
     return parser
 
 
@@ -118,12 +133,21 @@ def resolve_offload_train(args: argparse.Namespace, cuda: bool | None = None) ->
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and validate; unknown flags other than `--sglang-*` are an error, never ignored."""
+    """Parse and validate; unknown flags other than `--sglang-*` are an error, never ignored.
+
+    Every start runs the planner's checks before anything is launched: a layout that cannot be placed fails
+    here, naming the flags and the numbers; a memory estimate over the assumed --gpu-memory-gb only warns (on
+    stderr, and kept in `args.plan_warnings` for the run's log), since on CPU runs or GPUs of another size it
+    does not apply. --dry-run prints the plan and exits: 1 if it has layout or memory problems, 0 if not.
+    """
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     args.sglang_server_args, rest = sglang_passthrough(unknown)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    counts = count_problems(args)  # before anything divides by them
+    if counts:
+        parser.error("\n  ".join(counts))
     try:
         validate(args)
         config = load_hf_config(args.hf_checkpoint)
@@ -132,8 +156,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     problems = check_against_hf_config(args, config)
     if problems:
         parser.error("the model flags contradict the HF config of --hf-checkpoint:\n  " + "\n  ".join(problems))
+    plan = make_plan(args, config)
     if args.dry_run:
-        parser.exit(dry_run(args, config))
+        parser.exit(dry_run(plan))
+    if plan.problems:
+        parser.error("this layout cannot be placed (--dry-run prints the plan):\n  " + "\n  ".join(plan.problems))
+    args.plan_warnings = [MEMORY_WARNING.format(problem=p, gb=args.gpu_memory_gb) for p in plan.memory]
+    for warning in args.plan_warnings:
+        print(warning, file=sys.stderr)
     return args
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
 from slime_like.actor_group import TrainGroup
 from slime_like.arguments import resolve_precision
+from slime_like.core.cluster import node_options
+from slime_like.core.errors import ArgumentError, NodeLostError
 from slime_like.core.logs import setup_logging
 from slime_like.megatron import checkpoint_layout as layout
 from slime_like.megatron.cpu_compat import transformer_engine_available
@@ -30,22 +34,43 @@ class Run:
     def __init__(self, args: Any) -> None:
         self.args = args
         setup_logging("driver", args.log_level, Path(args.output_dir) / "logs")
+        for warning in getattr(args, "plan_warnings", []):  # the memory estimate: advice, not a stop
+            logger.warning(warning)
+        start = time.monotonic()
         start_ray(args)
-        placement = create_placement(args)
+        self.placement = placement = create_placement(args)
         self.use_gpu = placement.use_gpu
         logger.info(resolve_precision(args, self.use_gpu))
         no_effect = no_effect_line(args, transformer_engine_available() and self.use_gpu, self.use_gpu)
         if no_effect:  # Megatron kernel/overlap flags of slime's scripts that do nothing on this machine
             logger.info(no_effect)
-        # Servers start while the trainer builds its model: both are slow, neither needs the other.
-        manager = ray.remote(RolloutManager).options(**placement.options(placement.rollout_bundle, num_gpus=0))
-        self.rollout = manager.remote(args, placement.rollout_gpu_offset)
+        self.engines: list[dict[str, Any]] = []  # each engine's URL and nodes, once started
+        # Engines start while the trainer builds its model: both are slow, neither needs the other. The manager
+        # and the router stay on the driver's node.
+        manager = ray.remote(RolloutManager).options(**node_options(placement.driver_node, placement.env))
+        engine_slots = placement.engine_slots(args.rollout_num_gpus_per_engine)
+        self.rollout = manager.remote(args, engine_slots, placement.use_gpu, placement.env)
+        self.trainer: TrainGroup | None = None
+        try:
+            self._start(args, start)
+        except BaseException as error:
+            self._stop(lost=isinstance(error, NodeLostError))
+            raise
+
+    def _start(self, args: Any, start: float) -> None:
+        """Everything after the engines were asked to start: trainer ranks, checks, resume."""
+        placement = self.placement
         self.trainer = TrainGroup(args, placement)
-        self.server_urls = ray.get(self.rollout.server_urls.remote())
+        self.server_urls = self.wait(self.rollout.server_urls.remote(), "the engines started")
+        self.engines = ray.get(self.rollout.engine_layout.remote())
+        lines = placement.describe(self.engines)
+        logger.info("placement on %d node(s):\n%s", len(lines), "\n".join(lines))
+        self._write_placement()
+        self._check_transports()
         self.metrics = MetricsLogger(args.output_dir, args, args.use_tensorboard, args.use_wandb)
         # Colocated on GPU the trainer's memory leaves the GPU while the servers generate (--offload-train).
         self.offload_train = args.offload_train and self.use_gpu
-        self.pending_metrics: dict[str, Any] = {}  # reported with the next step's metrics
+        self.pending_metrics: dict[str, Any] = {"time/startup": time.monotonic() - start}
         self.weights_pushed = False  # whether the servers got the trainer's weights (and, with the flag, a check)
         self.start_rollout = self._load() if args.load or args.ref_load else 0
         if args.check_weight_update and not self.weights_pushed:
@@ -53,13 +78,59 @@ class Run:
             logger.info("before the first rollout: the servers match the trainer within %.2g", worst)
         self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
 
+    def wait(self, refs: Any, what: str) -> Any:
+        """`ray.get`, stopping with NodeLostError (naming the node and what it held) if one of our nodes dies."""
+        return self.placement.get(refs, what, self.engines)
+
+    def _write_placement(self) -> None:
+        """output-dir/placement.json: each trainer rank's and engine's node, the SGLang pids, the router."""
+        router = ray.get(self.rollout.router_info.remote())
+        record = {
+            "trainer": [
+                {"rank": r, "node": s.node_id, "address": s.node_ip} for r, s in enumerate(self.placement.trainer)
+            ],
+            "engines": self.engines,
+            "router": router,
+            "driver_node": self.placement.driver_node,
+        }
+        path = Path(self.args.output_dir) / "placement.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+
+    def _check_transports(self) -> None:
+        """The tensor transport needs every engine on trainer rank 0's node; the disk transport a filesystem that
+        every engine node shares with it. Checked once, before any update."""
+        kinds = {self.args.update_weight_transport, self.args.update_weight_fallback}
+        if "tensor" in kinds:
+            home = self.placement.trainer[0].node_id
+            away = [e["url"] for e in self.engines if any(n != home for n in e["nodes"])]
+            if away:
+                raise ArgumentError(
+                    f"the tensor weight transport hands tensors over through shared memory on one node, but "
+                    f"engines {away} run on other nodes than trainer rank 0 ({self.placement.trainer[0].describe()}): "
+                    "use --update-weight-transport distributed (or disk on a shared filesystem), or --colocate"
+                )
+        if "disk" in kinds:
+            marker = Path(self.args.output_dir).resolve() / "weights" / f".visible-{uuid.uuid4().hex[:8]}"
+            self.trainer.touch(str(marker))
+            try:
+                unseen = ray.get(self.rollout.paths_unseen.remote(str(marker)))
+            finally:
+                marker.unlink(missing_ok=True)
+            if unseen:
+                raise ArgumentError(
+                    f"the disk weight transport writes under {marker.parent} on trainer rank 0's node, but the "
+                    f"engines {unseen} do not see that directory: put --output-dir on a filesystem every node "
+                    "shares, or use --update-weight-transport distributed"
+                )
+
     def generate(self, rollout_id: int) -> ray.ObjectRef:
         """Start one rollout; `ray.get` the handle for (groups, metrics)."""
         return self.rollout.generate.remote(rollout_id)
 
     def train(self, rollout_id: int, rollout: ray.ObjectRef) -> dict[str, Any]:
         """Wait for a rollout, turn it into training data and take this rollout's optimizer steps."""
-        groups, metrics = ray.get(rollout)
+        groups, metrics = self.wait(rollout, f"rollout {rollout_id} generated")
         data = build_train_data(groups, reward_key=self.args.reward_key)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
         colocated_gpu = self.args.colocate and self.use_gpu and self.args.offload_rollout is not False
@@ -91,7 +162,7 @@ class Run:
         """Eval metrics when due (every --eval-interval rollouts, before the first, and when forced)."""
         if not self.args.eval_interval or (rollout_id % self.args.eval_interval and not force):
             return {}
-        return ray.get(self.rollout.evaluate.remote(rollout_id))
+        return self.wait(self.rollout.evaluate.remote(rollout_id), f"evaluation at rollout {rollout_id}")
 
     def save(self, rollout_id: int) -> None:
         """Checkpoint when due, atomically, in Megatron-LM's layout: iter_<rollout id>/ with the data state."""
@@ -132,14 +203,25 @@ class Run:
         if state is not None:
             rollout_id = state["rollout_id"]
             ray.get(self.rollout.load_state_dict.remote(state["rollout_state"]))
-        else:
+        else:  # slime's checkpoint: its data position is in the file slime writes beside it, if any
             rollout_id = checkpoint.iteration
-            logger.warning(
-                "--load %s: not written by slime-like (no %s), so the data position was not saved; the data "
-                "starts from its beginning (slime's rollout/global_dataset_state_dict_*.pt is not read)",
-                checkpoint.directory,
-                layout.STATE_FILE,
-            )
+            slime_state = layout.read_slime_data_state(checkpoint)
+            where = layout.slime_data_state_path(checkpoint)
+            if slime_state is not None and not args.data_source_path:
+                from buffer.data_source import DataSource
+
+                source = DataSource.state_from_slime(slime_state, args.rollout_seed)
+                # The buffer's state: this data position and no returned groups (slime saves none).
+                ray.get(self.rollout.load_state_dict.remote({"source": source, "returned": []}))
+                logger.info("--load %s: data position from slime's %s", checkpoint.directory, where)
+            else:
+                why = "--data-source-path keeps its own state" if slime_state else "slime saved no data position"
+                logger.warning(
+                    "--load %s: not written by slime-like and %s (%s): the data starts from its beginning",
+                    checkpoint.directory,
+                    why,
+                    where,
+                )
         # The servers started from the HF weights: bring them to the checkpoint's.
         self.update_weights(rollout_id)
         logger.info("resumed from %s at rollout %d", checkpoint.directory, rollout_id + 1)
@@ -172,14 +254,18 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         """Close the trainer's channels while the servers still answer, then stop the servers and the router,
-        also when the loop failed."""
+        also when the loop failed (briefly when a node was lost: what ran there cannot answer)."""
+        self._stop(lost=exc_type is not None and issubclass(exc_type, NodeLostError))
+
+    def _stop(self, lost: bool = False) -> None:
+        if getattr(self, "trainer", None) is not None:
+            try:
+                self.trainer.shutdown(timeout=10 if lost else 60)
+            except Exception as error:  # a trainer rank may be what failed; Ray kills its process at exit
+                logger.warning("trainer shutdown: %r", error)
         try:
-            self.trainer.shutdown()
-        except Exception as error:  # a trainer rank may be what failed; Ray kills its process at exit
-            logger.warning("trainer shutdown: %r", error)
-        try:
-            ray.get(self.rollout.shutdown.remote(), timeout=120)
+            ray.get(self.rollout.shutdown.remote(), timeout=30 if lost else 120)
         except Exception as error:  # the rollout actor may be what failed; Ray then kills its processes
             logger.warning("rollout shutdown: %r", error)

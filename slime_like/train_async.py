@@ -17,8 +17,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.colocate:
         raise SystemExit("train_async needs separate devices for training and rollout: drop --colocate")
-    import ray
-
     from slime_like.run import Run
 
     with Run(args) as run:
@@ -27,12 +25,12 @@ def main(argv: list[str] | None = None) -> None:
             start = time.monotonic()
             metrics = run.evaluate(rollout_id)
             current = upcoming
-            ray.wait([current])
+            run.wait(current, f"rollout {rollout_id} generated")
             if rollout_id + 1 < args.num_rollout:
                 upcoming = run.generate(rollout_id + 1)
             metrics.update(run.train(rollout_id, current))
             run.save(rollout_id)
-            ray.wait([upcoming])  # never change weights under in-flight requests
+            run.wait(upcoming, f"rollout {rollout_id + 1} generated")  # never update under in-flight requests
             metrics["time/update_weights"] = run.update_weights(rollout_id)
             run.log(rollout_id, metrics, start)
         run.finish()

@@ -17,3 +17,7 @@ class EngineError(RuntimeError):
 
 class WeightUpdateError(EngineError):
     """A weight update that did not complete on some server."""
+
+
+class NodeLostError(RuntimeError):
+    """A Ray node the run placed trainer ranks or engines on died; the message names it and what it held."""

@@ -27,6 +27,10 @@ def test_unknown_flag_is_an_error(base: list[str], capsys: pytest.CaptureFixture
     [
         (["--global-batch-size", "3"], "must be a multiple of --global-batch-size 3"),
         (["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"], "TP x PP x CP = 2"),
+        (
+            ["--actor-num-gpus-per-node", "2", "--context-parallel-size", "4"],
+            "trainer ranks (--actor-num-nodes x --actor-num-gpus-per-node = 2) must be a multiple of TP x PP x CP = 4",
+        ),
         (["--save-interval", "2"], "--save-interval needs --save"),
     ],
 )

@@ -1,4 +1,5 @@
-"""Parameter counts and memory arithmetic of the planner, against independent counts."""
+"""The planner: parameter counts and memory arithmetic against independent counts; every layout check through the real
+argument parser (a real start refuses what cannot be placed; a memory estimate only warns; --dry-run refuses both)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import transformers
 
+from slime_like.arguments import parse_args
 from slime_like.planner import GIB, _layers_per_stage, model_size, training_memory
 
 
@@ -70,3 +72,204 @@ def test_uneven_pipeline_stages() -> None:
     assert _layers_per_stage(args(pipeline_model_parallel_size=8, decoder_first_pipeline_num_layers=7,
                                   decoder_last_pipeline_num_layers=6), 61) == 8  # fmt: skip
     assert _layers_per_stage(args(pipeline_model_parallel_size=4), 48) == 12
+
+
+# Every start runs the planner's layout checks through the real parser: each error names the flags and numbers.
+
+
+@pytest.fixture(scope="module")
+def heads24(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config-only checkpoint with 24 attention heads and 12 KV heads (6 layers): TP 8 splits the heads, not
+    the KV heads; TP 3 splits both."""
+    out = tmp_path_factory.mktemp("heads24")
+    transformers.Qwen3Config(
+        hidden_size=384, intermediate_size=64, num_hidden_layers=6, num_attention_heads=24, num_key_value_heads=12,
+        head_dim=16, vocab_size=128, tie_word_embeddings=True,
+    ).save_pretrained(out)  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def heads24_kv8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 attention heads and 8 KV heads: TP 3 splits the heads but neither divides nor is divided by 8."""
+    out = tmp_path_factory.mktemp("heads24_kv8")
+    transformers.Qwen3Config(
+        hidden_size=384, intermediate_size=64, num_hidden_layers=6, num_attention_heads=24, num_key_value_heads=8,
+        head_dim=16, vocab_size=128, tie_word_embeddings=True,
+    ).save_pretrained(out)  # fmt: skip
+    return out
+
+
+def with_checkpoint(base: list[str], path: Path) -> list[str]:
+    """The required flags of `base`, with another --hf-checkpoint."""
+    flags = list(base)
+    flags[flags.index("--hf-checkpoint") + 1] = str(path)
+    return flags
+
+
+def refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """parse_args fails as argparse does (exit 2) before anything starts; returns what it printed."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(flags)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+# (checkpoint fixture, extra flags, the message) for each layout error of the planner.
+LAYOUT_ERRORS = [
+    ("tiny_qwen3", ["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"],
+     "--rollout-num-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2: 1 engine(s) would leave 1 "
+     "rollout GPU(s) unused"),
+    ("heads24", ["--rollout-num-gpus", "12", "--rollout-num-gpus-per-engine", "12", "--num-gpus-per-node", "8"],
+     "--rollout-num-gpus-per-engine 12 is wider than a node (--num-gpus-per-node 8) but not a multiple of it: an "
+     "engine would span 1 whole node(s) and 4 GPU(s) of another (use a multiple of 8)"),
+    ("heads24", ["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "3"],
+     "--rollout-num-gpus-per-engine 3 does not divide --num-gpus-per-node 8: an engine would straddle two nodes "
+     "(use a divisor of 8)"),
+    ("tiny_qwen3", ["--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "4"],
+     "the rollout GPUs follow the trainer's 1 (--actor-num-nodes 1 x --actor-num-gpus-per-node 1, not --colocate), "
+     "so engine 1 of --rollout-num-gpus-per-engine 2 would take GPUs 3-4, across nodes 0 and 1 "
+     "(--num-gpus-per-node 4): make the trainer's GPUs a multiple of 2, or use --colocate"),
+    ("heads24", ["--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "4", "--num-gpus-per-node", "2"],
+     "the rollout GPUs follow the trainer's 1 (--actor-num-nodes 1 x --actor-num-gpus-per-node 1, not --colocate), "
+     "so engine 0 of --rollout-num-gpus-per-engine 4 would take GPUs 1-4, starting at GPU 1 of node 0, not on a "
+     "node's first GPU (--num-gpus-per-node 2): make the trainer's GPUs a multiple of 2, or use --colocate"),
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "8", "--num-gpus-per-node", "4", "--rollout-num-gpus", "4"],
+     "--actor-num-gpus-per-node 8 exceeds --num-gpus-per-node 4"),
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--num-gpus-per-node", "2",
+                    "--num-nodes", "1"],
+     "the plan needs 2 nodes of --num-gpus-per-node 2 for 4 GPUs (the trainer's 2 + --rollout-num-gpus 2) but "
+     "--num-nodes is 1"),
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "3"],
+     "4 attention heads (num_attention_heads of the HF config) do not divide over --tensor-model-parallel-size 3"),
+    ("heads24_kv8", ["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "3"],
+     "8 KV heads (num_key_value_heads of the HF config, Megatron's --num-query-groups) and "
+     "--tensor-model-parallel-size 3: one must divide the other"),
+    ("tiny_qwen3", ["--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "8"],
+     "4 attention heads (num_attention_heads of the HF config) do not divide over SGLang's attention tensor "
+     "parallel size (--rollout-num-gpus-per-engine 8)"),
+    ("heads24", ["--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "8"],
+     "12 KV heads (num_key_value_heads of the HF config) and SGLang's attention tensor parallel size "
+     "(--rollout-num-gpus-per-engine 8): one must divide the other (SGLang splits or replicates KV heads)"),
+    ("tiny_qwen3", ["--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "8",
+                    "--sglang-enable-dp-attention", "--sglang-dp-size", "3"],
+     "--sglang-dp-size 3 does not divide --rollout-num-gpus-per-engine 8"),
+    ("heads24", ["--actor-num-gpus-per-node", "4", "--pipeline-model-parallel-size", "4"],
+     "6 layers (num_hidden_layers of the HF config) do not divide over --pipeline-model-parallel-size 4 (set "
+     "--decoder-first/last-pipeline-num-layers for uneven stages)"),
+    ("heads24", ["--actor-num-gpus-per-node", "4", "--pipeline-model-parallel-size", "4",
+                 "--decoder-first-pipeline-num-layers", "1"],
+     "6 layers (num_hidden_layers of the HF config) do not divide over --pipeline-model-parallel-size 4, "
+     "--decoder-first-pipeline-num-layers 1 (set"),
+    ("tiny_qwen3_moe", ["--actor-num-gpus-per-node", "3", "--expert-model-parallel-size", "3",
+                        "--rollout-batch-size", "3"],
+     "4 experts (num_experts or n_routed_experts of the HF config) do not divide over --expert-model-parallel-size 3"),
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "2", "--expert-model-parallel-size", "2"],
+     "--expert-model-parallel-size 2 on a model without routed experts (use 1)"),
+    ("tiny_qwen3_moe", ["--actor-num-gpus-per-node", "2", "--expert-model-parallel-size", "4"],
+     "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 must divide the 2 trainer ranks of a "
+     "pipeline stage (--actor-num-nodes x --actor-num-gpus-per-node = 2 over --pipeline-model-parallel-size 1)"),
+    ("tiny_qwen3", ["--rollout-num-gpus-per-engine", "0"], "--rollout-num-gpus-per-engine 0 must be positive"),
+    ("tiny_qwen3", ["--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size 0 must be positive"),
+    ("tiny_qwen3", ["--num-gpus-per-node", "-1"], "--num-gpus-per-node -1 must be positive"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("checkpoint", "extra", "message"), LAYOUT_ERRORS)
+def test_every_layout_error_stops_a_real_start(
+    request: pytest.FixtureRequest,
+    base: list[str],
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    flags = with_checkpoint(base, request.getfixturevalue(checkpoint)) + extra
+    assert message in refused(flags, capsys)
+
+
+@pytest.mark.parametrize(("checkpoint", "extra", "message"), LAYOUT_ERRORS)
+def test_dry_run_prints_the_plan_and_the_layout_errors(
+    request: pytest.FixtureRequest,
+    base: list[str],
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    flags = with_checkpoint(base, request.getfixturevalue(checkpoint)) + extra + ["--dry-run"]
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(flags)
+    out = capsys.readouterr()
+    if "must be positive" in message:  # refused before there is a plan to print
+        assert exit_.value.code == 2 and message in out.err
+        return
+    assert exit_.value.code == 1, out
+    assert "placement:" in out.out and f"error: {message}" in out.out and "problem(s)" in out.out
+
+
+def test_every_problem_is_named_at_once(base: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(base + ["--rollout-num-gpus", "5", "--rollout-num-gpus-per-engine", "3"], capsys)
+    assert "this layout cannot be placed" in err
+    assert "--rollout-num-gpus 5 is not a multiple of --rollout-num-gpus-per-engine 3" in err
+    assert "--rollout-num-gpus-per-engine 3 does not divide --num-gpus-per-node 8" in err
+    assert "do not divide over SGLang's attention tensor parallel size (--rollout-num-gpus-per-engine 3)" in err
+
+
+# (checkpoint fixture, extra flags) of layouts that can be placed.
+VALID_LAYOUTS = [
+    ("tiny_qwen3", []),  # the CPU demo's layout: one trainer rank, one engine of one device
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--colocate",
+                    "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"]),
+    # Disaggregated over nodes of 4: the trainer's node, then two engines of 4 on nodes of their own.
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "2",
+                    "--num-gpus-per-node", "4", "--num-nodes", "3", "--rollout-num-gpus", "8",
+                    "--rollout-num-gpus-per-engine", "4"]),
+    # Engines wider than a node span whole nodes; the trainer fills whole nodes first.
+    ("heads24", ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4", "--num-gpus-per-node", "4",
+                 "--rollout-num-gpus", "24", "--rollout-num-gpus-per-engine", "12"]),
+    # Uneven pipeline stages; KV heads fewer than the engine's TP are replicated (SGLang) / shared (Megatron).
+    ("heads24", ["--actor-num-gpus-per-node", "4", "--pipeline-model-parallel-size", "4",
+                 "--decoder-first-pipeline-num-layers", "3", "--decoder-last-pipeline-num-layers", "1"]),
+    ("tiny_qwen3", ["--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "4",
+                    "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "4"]),
+    # SGLang's DP attention splits the heads over TP / dp-size.
+    ("tiny_qwen3", ["--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "8",
+                    "--sglang-enable-dp-attention", "--sglang-dp-size", "2"]),
+    ("tiny_qwen3_moe", ["--actor-num-gpus-per-node", "4", "--expert-model-parallel-size", "4"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("checkpoint", "extra"), VALID_LAYOUTS)
+def test_valid_layouts_start_and_dry_run_clean(
+    request: pytest.FixtureRequest,
+    base: list[str],
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: str,
+    extra: list[str],
+) -> None:
+    flags = with_checkpoint(base, request.getfixturevalue(checkpoint)) + extra
+    args = parse_args(flags)
+    assert args.plan_warnings == [] and "warning" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(flags + ["--dry-run"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    assert "dry run: OK, nothing started" in out
+
+
+def test_memory_estimate_warns_at_a_real_start_and_fails_a_dry_run(
+    base: list[str], heads24: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The layout is fine; only the estimate on an assumed 0.01 GiB GPU is over budget.
+    flags = with_checkpoint(base, heads24) + ["--gpu-memory-gb", "0.01"]
+    args = parse_args(flags)
+    err = capsys.readouterr().err
+    assert len(args.plan_warnings) == 2 and all(w in err for w in args.plan_warnings)
+    assert "warning: training needs about" in err and "raise --rollout-num-gpus-per-engine" in err
+    assert "estimate for GPUs of --gpu-memory-gb 0.01 GiB" in err and "does not apply" in err
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(flags + ["--dry-run"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 1
+    assert "error: training needs about" in out and "dry run: 2 problem(s)" in out

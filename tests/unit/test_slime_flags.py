@@ -3,6 +3,7 @@ optimizer settings and the TransformerConfig overrides; no-op flags are named in
 
 from __future__ import annotations
 
+import json
 from argparse import Namespace
 from pathlib import Path
 
@@ -208,3 +209,146 @@ def test_wandb_options() -> None:
     assert "wandb_key" not in kw["config"]  # the key is not uploaded with the run's config
     args.wandb_random_suffix = False
     assert wandb_init_kwargs(args)["name"] == "g"
+
+
+SLIME_HOOKS = """
+def tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
+    return pg_loss, loss_masks, {}
+
+
+def reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss):
+    return lambda x: x.sum()
+"""
+
+
+@pytest.fixture
+def slime_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "slime_flag_hooks.py").write_text(SLIME_HOOKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "slime_flag_hooks"
+
+
+def test_slime_algorithm_and_weight_flags_parse_with_slime_meaning(base: list[str], slime_hooks: str) -> None:
+    args = parse_args(base + [
+        "--update-weight-mode", "full", "--update-weight-transport", "nccl", "--model-name", "Qwen3Config",
+        "--disable-rewards-normalization", "--use-kl-loss", "--use-unbiased-kl", "--get-mismatch-metrics",
+        "--use-opsm", "--opsm-delta", "0.01", "--custom-tis-function-path", f"{slime_hooks}.tis",
+        "--custom-pg-loss-reducer-function-path", f"{slime_hooks}.reducer",
+    ])  # fmt: skip
+    assert args.update_weight_transport == "distributed"  # slime's nccl is our broadcast transport
+    assert args.rewards_normalization is False and args.use_unbiased_kl and args.use_opsm and args.opsm_delta == 0.01
+    assert args.use_tis  # slime runs its TIS path for --get-mismatch-metrics too
+    assert parse_args(base + ["--model-name", "qwen3-4b"]).model_name == "qwen3-4b"
+
+
+def test_defaults_equal_slime(base: list[str]) -> None:
+    args = parse_args(base)
+    assert args.input_key == "input" and args.label_key is None
+    assert args.sglang_server_concurrency == 512 and args.use_distributed_optimizer is True
+    assert args.rewards_normalization is True and args.update_weight_mode == "full" and args.num_epoch is None
+    assert parse_args(base + ["--no-use-distributed-optimizer"]).use_distributed_optimizer is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--use-opd", "--opd-type", "sglang"], "--use-opd: on-policy distillation is not supported"),
+        (["--opd-teacher-load", "/t"], "--opd-teacher-load: on-policy distillation is not supported"),
+        (["--megatron-config-path", "m.yaml"], "--megatron-config-path (slime's per-role Megatron YAML)"),
+        (["--update-weight-mode", "delta"], "--update-weight-mode delta is not supported"),
+        (["--update-weight-disk-dir", "/w"], "--update-weight-disk-dir configures slime's disk/delta weight update"),
+        (["--update-weight-delta-encoding", "xor"], "--update-weight-delta-encoding configures"),
+        (["--model-name", "llama"], "--model-name llama names another model than the HF config's model_type"),
+        (["--model-name", "qwen3_moe"], "--model-name qwen3_moe names another model"),
+        (["--custom-tis-function-path", "a.b"], "--custom-tis-function-path replaces the TIS weights: it needs"),
+        (["--use-unbiased-kl"], "--use-unbiased-kl weighs the KL loss: it needs --use-kl-loss"),
+        (["--get-mismatch-metrics", "--use-mis"], "--get-mismatch-metrics applies slime's TIS weights"),
+        (
+            ["--custom-pg-loss-reducer-function-path", "a.b", "--loss-agg-mode", "seq-mean-token-sum"],
+            "replaces slime's reducer",
+        ),
+        (["--use-tis", "--custom-tis-function-path", "no_such_module.fn"], "--custom-tis-function-path='no_such"),
+    ],
+)
+def test_unsupported_slime_flags_name_the_flag(
+    base: list[str], capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(base + extra)
+    assert message in capsys.readouterr().err
+
+
+def _prompts(path: Path, short: int, long: int) -> Path:
+    rows = [{"input": f"q{i}", "label": str(i)} for i in range(short)]
+    rows += [{"input": "a much longer question " * 8, "label": "x"} for _ in range(long)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_num_epoch_sets_num_rollout_as_slime(tiny_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = _prompts(tmp_path / "d.jsonl", short=9, long=3)
+    flags = ["--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(data), "--rollout-batch-size", "4",
+             "--n-samples-per-prompt", "2"]  # fmt: skip
+    # 12 usable prompts // 4 per rollout = 3 rollouts per epoch, x 2 epochs.
+    assert parse_args(flags + ["--num-epoch", "2"]).num_rollout == 6
+    # --rollout-max-prompt-len drops the 3 long prompts (as slime's dataset does): 9 // 4 = 2 per epoch.
+    assert parse_args(flags + ["--num-epoch", "2", "--rollout-max-prompt-len", "8"]).num_rollout == 4
+    assert parse_args(flags + ["--num-epoch", "2", "--num-rollout", "5"]).num_rollout == 5  # slime: epoch ignored
+    for extra, message in (
+        ([], "set --num-rollout N (rollouts to run) or --num-epoch N"),
+        (["--num-epoch", "1", "--rollout-batch-size", "20"], "fewer than one --rollout-batch-size 20"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(flags + extra)
+        assert message in capsys.readouterr().err
+
+
+def test_custom_config_path_sets_args_as_slime(base: list[str], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "custom.yaml"
+    config.write_text("eps_clip: 0.3\ntis_level: token\nrs_veto_threshold: 1.0e-4\n")
+    args = parse_args(base + ["--eps-clip", "0.1", "--custom-config-path", str(config)])
+    assert args.eps_clip == 0.3 and args.eps_clip_high == 0.3  # applied before the checks derive from it
+    assert args.tis_level == "token" and args.rs_veto_threshold == 1e-4  # new keys, for plugins
+    config.write_text("- not a mapping\n")
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--custom-config-path", str(config)])
+    assert "expected a mapping of argument names" in capsys.readouterr().err
+
+
+def test_eval_config_as_slime(base: list[str], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n  defaults:\n    n_samples_per_eval_prompt: 4\n    temperature: 0.6\n"
+        "  datasets:\n    - name: aime\n      path: aime.jsonl\n"
+        "    - name: gsm8k\n      path: gsm8k.jsonl\n      temperature: 0.6\n      max_response_len: 64\n"
+    )
+    with pytest.raises(SystemExit):  # max_response_len only on one dataset: one value applies to all here
+        parse_args(base + ["--eval-config", str(config)])
+    assert "'max_response_len' is set for some datasets but not ['aime']" in capsys.readouterr().err
+    config.write_text(config.read_text().replace("      max_response_len: 64\n", ""))
+    args = parse_args(base + ["--eval-config", str(config), "--eval-prompt-data", "other.jsonl"])
+    assert args.eval_datasets == [("aime", "aime.jsonl"), ("gsm8k", "gsm8k.jsonl")]  # replaces --eval-prompt-data
+    assert args.eval_temperature == 0.6 and args.n_samples_per_eval_prompt == 4
+    for text, message in (
+        (config.read_text().replace("temperature: 0.6\n", "temperature: 1.0\n", 1), "'temperature' differs"),
+        (config.read_text() + "      rm_type: math\n", "sets 'rm_type', which this engine's eval does not support"),
+    ):
+        config.write_text(text)
+        with pytest.raises(SystemExit):
+            parse_args(base + ["--eval-config", str(config)])
+        assert message in capsys.readouterr().err
+
+
+def test_eval_datasets_are_read_with_the_eval_keys(base: list[str], tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rollout.manager import load_dataset
+
+    rows = tmp_path / "eval.jsonl"
+    rows.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")
+    args = parse_args(
+        base + ["--eval-prompt-data", str(rows), "--eval-input-key", "question", "--eval-label-key", "answer"]
+    )
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+    [prompt] = load_dataset(args, str(rows), tokenizer, evaluation=True).prompts
+    assert (prompt.prompt, prompt.label) == ("1+1=", "2")

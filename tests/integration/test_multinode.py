@@ -1,0 +1,186 @@
+"""The real loop on a simulated multi-node cluster: real Ray nodes on this machine (a head and three workers, all on
+127.0.0.1), trainer ranks on one node and one SGLang engine on each of two others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from rollout.sglang_client import list_workers
+from tests.conftest import REPO_ROOT
+
+# Keep Ray on loopback when a driver joins the cluster (../shared/RUNTIME.md) and let separate drivers connect.
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+NODE = {"node_ip_address": "127.0.0.1", "object_store_memory": 200 << 20}
+
+# Deterministic and spread out: greedy responses (top-k 1), rewards that differ between prompts, a batch-normalised
+# estimator (a greedy group has one response, so a group baseline would leave nothing to learn).
+REWARD_PLUGIN = """
+def reward(args, sample):
+    return float(sum(sample.tokens) % 3)
+"""
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("task")
+    rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(4)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "spread_rm.py").write_text(REWARD_PLUGIN)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SimpleNamespace]:
+    """Head (no CPUs: only the driver's light actors), a 2-CPU trainer node and two 1-CPU engine nodes."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    patch = pytest.MonkeyPatch()
+    for key, value in RAY_ENV.items():
+        patch.setenv(key, value)  # for the raylets and drivers this process starts
+    # Ray read the variable when it was imported (maybe by another test): tell this process too.
+    patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **NODE})
+    try:
+        trainer = c.add_node(num_cpus=2, **NODE)
+        engines = [c.add_node(num_cpus=1, **NODE) for _ in range(2)]
+        c.wait_for_nodes()
+        ray.init(address=c.address)  # this process reads Ray's actor table
+        yield SimpleNamespace(cluster=c, trainer=trainer, engines=engines)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        patch.undo()
+
+
+def job(model: Path, task: Path, out: Path, *extra: str) -> list[str]:
+    """`python -m slime_like.train` for 2 rollouts, disaggregated: DP=2 trainer, two engines, the weight check."""
+    return [
+        sys.executable, "-m", "slime_like.train",
+        "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"),
+        "--input-key", "prompt", "--label-key", "label",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
+        "--rollout-max-response-len", "3", "--rollout-top-k", "1", "--router-policy", "round_robin",
+        "--advantage-estimator", "reinforce_plus_plus", "--custom-rm-path", "spread_rm.reward",
+        "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--lr", "1e-2",
+        "--update-weight-transport", "distributed", "--check-weight-update",
+        "--output-dir", str(out), "--ray-num-cpus", "4", *extra,
+    ]  # fmt: skip
+
+
+def start(cmd: list[str], task: Path, ray_address: str | None) -> subprocess.Popen[str]:
+    env = {**os.environ, **RAY_ENV, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    return subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 600) -> str:
+    output, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, output[-6000:]
+    return output
+
+
+def wait_for_placement(out: Path, proc: subprocess.Popen[str], timeout: float = 300) -> dict:
+    """The placement the run wrote once its engines and trainer ranks were up."""
+    deadline = time.monotonic() + timeout
+    path = out / "placement.json"
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before placing anything:\n{proc.stdout.read()[-6000:]}")
+        assert time.monotonic() < deadline, "no placement.json"
+        time.sleep(1)
+    return json.loads(path.read_text())
+
+
+def metrics(out: Path) -> list[dict]:
+    """Per step, what does not depend on timing."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timing = ("time/", "tokens_per_s", "_time", "/time", "throughput")
+    return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in records]
+
+
+def raylet_pid(node: object) -> int:
+    return node.all_processes["raylet"][0].process.pid  # type: ignore[attr-defined]
+
+
+def test_loop_places_trainer_and_engines_on_their_nodes(
+    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path
+) -> None:
+    from ray._private import state
+
+    proc = start(job(tiny_qwen3, task, tmp_path / "cluster"), task, cluster.cluster.address)
+    try:
+        placed = wait_for_placement(tmp_path / "cluster", proc)
+        # Trainer ranks on the 2-CPU node, one engine on each 1-CPU node, from the run's own record ...
+        assert {r["node"] for r in placed["trainer"]} == {cluster.trainer.node_id}
+        engine_nodes = [e["nodes"] for e in placed["engines"]]
+        assert sorted(n for nodes in engine_nodes for n in nodes) == sorted(n.node_id for n in cluster.engines)
+        # ... and from Ray's own actor table: each engine actor runs on its node, and its SGLang process is that
+        # actor's child, under the node's raylet.
+        alive = [a for a in state.actors().values() if a["State"] == "ALIVE"]
+        engine_actors = {a["Address"]["NodeID"]: a["Pid"] for a in alive if a["ActorClassName"] == "EngineNode"}
+        trainer_nodes = [a["Address"]["NodeID"] for a in alive if a["ActorClassName"] == "TrainActor"]
+        assert trainer_nodes == [cluster.trainer.node_id] * 2
+        raylets = {n.node_id: raylet_pid(n) for n in cluster.engines}
+        for engine in placed["engines"]:
+            node, sglang_pid = engine["nodes"][0], engine["pids"][0]
+            actor_pid = engine_actors[node]
+            assert psutil.Process(sglang_pid).ppid() == actor_pid
+            assert raylets[node] in [p.pid for p in psutil.Process(actor_pid).parents()]
+        # The router (on the driver's node) routes to both engines.
+        urls = {e["url"] for e in placed["engines"]}
+        assert {w["url"] for w in list_workers(placed["router"]["url"])} == urls
+        output = finish(proc)
+    finally:
+        proc.kill()
+    # Weights reached both engines: the post-update check ran (and passed) on both after every update.
+    assert output.count("servers match the trainer") >= 3, output[-4000:]
+    on_cluster = metrics(tmp_path / "cluster")
+    assert [r["step"] for r in on_cluster if "train/loss" in r] == [0, 1]
+
+    # The same job on one node (a local Ray instance): the same numbers.
+    single = start(job(tiny_qwen3, task, tmp_path / "single"), task, None)
+    finish(single)
+    on_one_node = metrics(tmp_path / "single")
+    assert on_cluster[0].keys() == on_one_node[0].keys()
+    for a, b in zip(on_cluster, on_one_node, strict=True):
+        for key, value in a.items():
+            assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert any(r.get("train/grad_norm", 0) > 0 for r in on_cluster)  # it learned something: the check was real
+
+
+def test_lost_node_stops_the_run_naming_it(
+    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path
+) -> None:
+    """Last in this module: it removes a node of the shared cluster."""
+    out = tmp_path / "lost"
+    proc = start(job(tiny_qwen3, task, out, "--num-rollout", "200"), task, cluster.cluster.address)
+    try:
+        placed = wait_for_placement(out, proc)
+        victim = cluster.engines[1]
+        index = next(i for i, e in enumerate(placed["engines"]) if e["nodes"] == [victim.node_id])
+        cluster.cluster.remove_node(victim, allow_graceful=False)
+        removed = time.monotonic()
+        output, _ = proc.communicate(timeout=120)
+        stopped = time.monotonic() - removed
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    errors = "\n".join(line for line in output.splitlines() if "Error" in line)[-4000:]
+    assert "NodeLostError" in output and victim.node_id[:8] in output, errors
+    assert f"engine {index}" in output, errors
+    assert stopped < 90, f"took {stopped:.0f} s to stop"
+    # The engine's SGLang process went with its node.
+    assert not psutil.pid_exists(placed["engines"][index]["pids"][0])
