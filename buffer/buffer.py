@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from buffer.accounting import GroupLedger
 from slime_like.core.sample import Sample
 
 BufferFilter = Callable[[Any, list[list[Sample]], int], list[list[Sample]]]
@@ -19,6 +20,18 @@ class Buffer:
         self.buffer_filter = buffer_filter
         self.args = args
         self._returned: deque[list[Sample]] = deque()
+        self._ledger: GroupLedger | None = None  # open while a rollout draws from this buffer
+
+    def open_ledger(self) -> GroupLedger:
+        """Start recording every group drawn and handed back (one rollout at a time); `close_ledger` stops."""
+        if self._ledger is not None:
+            raise RuntimeError("a rollout is already recording this buffer's groups (two rollouts at once?)")
+        self._ledger = GroupLedger()
+        return self._ledger
+
+    def close_ledger(self) -> None:
+        """Stop recording (the ledger keeps what it saw)."""
+        self._ledger = None
 
     def __len__(self) -> int:
         return len(self._returned)
@@ -30,13 +43,17 @@ class Buffer:
     def add_groups(self, groups: list[list[Sample]]) -> None:
         """Hand groups back to be served again (e.g. aborted or partially generated)."""
         self._returned.extend(groups)
+        if self._ledger is not None:
+            self._ledger.give_back(groups)
 
     def get_groups(self, num_groups: int) -> list[list[Sample]]:
         """Returned groups first (chosen by the buffer filter, else oldest first), then fresh ones from the source."""
         out = self._take_returned(num_groups)
-        if len(out) < num_groups:
-            out.extend(self.source.get_groups(num_groups - len(out)))
-        return out
+        fresh = self.source.get_groups(num_groups - len(out)) if len(out) < num_groups else []
+        if self._ledger is not None:
+            self._ledger.draw(out, "buffer")
+            self._ledger.draw(fresh, "source")
+        return out + fresh
 
     def _take_returned(self, num_groups: int) -> list[list[Sample]]:
         if not self._returned:

@@ -35,6 +35,11 @@ class TrainData:
         return sum(len(t) for t in self.tokens)
 
 
+def trainable(sample: Sample) -> bool:
+    """Whether a sample trains: not failed or aborted (no usable reward) and with at least one response token."""
+    return sample.status not in (Status.FAILED, Status.ABORTED) and sample.response_length > 0
+
+
 def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = None) -> TrainData:
     """Collect the columns the trainer needs; advantages (group baselines included) are the trainer's.
 
@@ -43,7 +48,7 @@ def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = Non
     """
     data = TrainData()
     for group_id, group in enumerate(groups):
-        usable = [s for s in group if s.status not in (Status.FAILED, Status.ABORTED) and s.response_length > 0]
+        usable = [s for s in group if trainable(s)]
         for sample in usable:
             mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
             if len(mask) != sample.response_length:

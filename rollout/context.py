@@ -30,6 +30,8 @@ class RolloutContext:
     evaluation: bool = False  # an eval, not a training rollout
     loop: asyncio.AbstractEventLoop | None = None  # the loop the session belongs to (for code run in threads)
     plugin_state: dict[str, Any] = field(default_factory=dict)  # what plugins keep for this rollout
+    # The built-in rollout loop's buffer.accounting.GroupLedger (None in a --rollout-function-path rollout).
+    accounting: Any = None
 
     def count(self, key: str, n: int = 1) -> None:
         """Add to a named counter reported in the rollout metrics as `rollout/<key>`."""

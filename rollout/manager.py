@@ -201,8 +201,16 @@ class RolloutManager:
     async def _rollout(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
         async with self._context() as ctx:
             if self.hooks.rollout_function is not None:
-                groups = await self.hooks.rollout_function(ctx, rollout_id, self.buffer)
+                # A custom rollout drops groups itself: its draws and returns are counted, not balanced.
+                ledger = self.buffer.open_ledger()
+                try:
+                    groups = await self.hooks.rollout_function(ctx, rollout_id, self.buffer)
+                finally:
+                    self.buffer.close_ledger()
                 groups = check_groups(groups, "--rollout-function-path")
+                counts = ledger.counts()
+                for key in ("groups_drawn", "groups_drawn_source", "groups_drawn_buffer", "groups_returned"):
+                    ctx.count(key, counts[key])
             else:
                 groups = await generate_rollout(ctx, self.buffer, sampling_params_from_args(self.args))
             finish_rollout(ctx, groups)

@@ -1,10 +1,12 @@
-"""After a rollout: the sample filter (which samples the loss sees) and the reward post-process (training rewards)."""
+"""After a rollout: group accounting of custom rollouts, the sample filter (which samples the loss sees) and the
+reward post-process (training rewards)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from buffer.accounting import AccountingError, failure_reason
 from rollout import slime_contract
 from rollout.context import RolloutContext
 from rollout.hooks import REWARD_POST_PROCESS_FLAG, SAMPLE_FILTER_FLAG
@@ -48,9 +50,37 @@ def exclude_removed_samples(ctx: RolloutContext, groups: list[list[Sample]]) -> 
             ctx.count("samples_excluded_from_loss")
 
 
+def account_custom_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
+    """What can be checked of a --rollout-function-path rollout: no group or sample twice; trained/failed counts.
+
+    Such a function draws, drops and hands back groups itself (slime's contract has no way to report a drop),
+    so drawn = trained + failed + dropped + returned is checked for the built-in loop only (rollout/sampling.py).
+    """
+    seen_groups: set[int] = set()
+    seen_samples: set[int] = set()
+    counts: dict[str, int] = {"groups_trained": 0, "groups_failed": 0}
+    for group in groups:
+        twice = [s.index for s in group if id(s) in seen_samples]
+        if id(group) in seen_groups or twice:
+            what = f"samples {twice}" if twice else f"a group (first sample {group[0].index if group else None})"
+            raise AccountingError(
+                f"--rollout-function-path returned {what} twice: each would train twice; return every group once"
+            )
+        seen_groups.add(id(group))
+        seen_samples.update(id(s) for s in group)
+        reason = failure_reason(group)
+        key = "groups_trained" if reason is None else f"groups_failed_{reason}"
+        counts[key] = counts.get(key, 0) + 1
+        counts["groups_failed"] += reason is not None
+    for key, n in counts.items():
+        ctx.count(key, n)
+
+
 def finish_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
     """Apply the configured post-rollout hooks to the groups that will train (slime's once, on all groups)."""
     hooks = ctx.hooks
+    if ctx.accounting is None:  # a custom rollout function: the built-in loop has accounted for its groups
+        account_custom_rollout(ctx, groups)
     if hooks.sample_filter is not None:
         if hooks.follows_slime(SAMPLE_FILTER_FLAG):
             slime_contract.apply_sample_filter(ctx, groups, hooks.sample_filter)

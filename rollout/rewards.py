@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import logging
+import math
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
+
+# Plain-def reward functions run in threads of their own: one that hangs holds its thread (Python cannot stop a
+# thread), and must not take the event loop's default executor, which other rollout code shares, down with it.
+REWARD_THREADS = 32
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -75,6 +83,8 @@ class RewardFunction:
         self.inline = inline  # cheap built-ins run on the loop; user code runs in a thread so it cannot block it
         self.counters = counters if counters is not None else Counter()
         self._on_close = on_close
+        self._threads: ThreadPoolExecutor | None = None
+        self._stuck: set[Future[Any]] = set()  # calls still running in a thread after their timeout
 
     async def compute(self, args: Any, item: Any) -> Any:
         """The function's raw answer for one sample (or one group with --group-rm); raises what it raises."""
@@ -86,9 +96,31 @@ class RewardFunction:
         elif self.inline:
             return self.fn(args, item)
         else:
-            call = asyncio.to_thread(self.fn, args, item)
+            call = self._in_thread(args, item)
         result = await (asyncio.wait_for(call, self.timeout) if self.timeout else call)
         return await result if inspect.isawaitable(result) else result
+
+    async def _in_thread(self, args: Any, item: Any) -> Any:
+        """Run a plain-def function in this scorer's threads (with the caller's context variables, as to_thread)."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(REWARD_THREADS, thread_name_prefix="reward")
+        future = self._threads.submit(functools.partial(contextvars.copy_context().run, self.fn, args, item))
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if future.running():  # timed out (or the rollout ended): the thread runs on, it cannot be stopped
+                self._stuck.add(future)
+                future.add_done_callback(self._stuck.discard)
+                logger.warning(
+                    "reward function %s still running after --rm-timeout %ss: a plain-def function cannot be "
+                    "stopped, so it holds one of %d reward threads until it returns (%d such calls now); make it "
+                    "async, or bound its own time",
+                    getattr(self.fn, "__name__", self.fn),
+                    self.timeout,
+                    REWARD_THREADS,
+                    len(self._stuck),
+                )
+            raise
 
     async def score_group(
         self, args: Any, group: list[Sample], count: Callable[[str, int], None], *, keep_set: bool = False
@@ -108,8 +140,9 @@ class RewardFunction:
                 rewards = await self._call(args, usable)
                 if not isinstance(rewards, list | tuple) or len(rewards) != len(usable):
                     raise TypeError(f"--group-rm function must return one reward per sample ({len(usable)})")
-                for sample, reward in zip(usable, rewards, strict=True):
-                    sample.reward = self.check(reward)
+                checked = [_finite(self.check(reward)) for reward in rewards]  # all or none: one call
+                for sample, reward in zip(usable, checked, strict=True):
+                    sample.reward = reward
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the user's reward code may raise anything; the run must go on
@@ -120,7 +153,7 @@ class RewardFunction:
 
     async def _score_one(self, args: Any, sample: Sample, count: Callable[[str, int], None]) -> None:
         try:
-            sample.reward = self.check(await self._call(args, sample))
+            sample.reward = _finite(self.check(await self._call(args, sample)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the user's reward code may raise anything; the run must go on
@@ -133,7 +166,10 @@ class RewardFunction:
         return out
 
     async def close(self) -> None:
-        """Release the backend (HTTP session, worker processes)."""
+        """Release the backend (HTTP session, worker processes, reward threads)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)  # a hung call's thread cannot be joined
+            self._threads = None
         if self._on_close is not None:
             result = self._on_close()
             if inspect.isawaitable(result):
@@ -147,6 +183,15 @@ def _check(reward: Any) -> float | dict[str, float]:
     if isinstance(reward, int | float):
         return float(reward)
     raise TypeError(f"a reward must be a number or a dict of numbers, got {type(reward).__name__}: {reward!r}")
+
+
+def _finite(reward: Any) -> Any:
+    """A NaN or infinite reward (or dict entry) would poison the group's advantages and the loss: refuse it."""
+    values = reward.values() if isinstance(reward, dict) else [reward]
+    for value in values:
+        if isinstance(value, float | int) and not isinstance(value, bool) and not math.isfinite(value):
+            raise ValueError(f"a reward must be a finite number, got {reward!r}")
+    return reward
 
 
 def _fail(sample: Sample, exc: BaseException, count: Callable[[str, int], None]) -> None:

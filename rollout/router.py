@@ -17,6 +17,7 @@ from typing import Any
 from rollout import sglang_client as client
 from slime_like.core.errors import EngineError
 from slime_like.core.process import ManagedProcess, check_port_free, free_port
+from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, run_secret
 
 
 def _norm(url: str) -> str:
@@ -37,6 +38,7 @@ class SGLangRouter:
         log_dir: str | Path | None = None,
         startup_timeout: float = 60.0,
         stop_timeout: float = 10.0,
+        api_key: str | None = None,
     ) -> None:
         self.worker_urls = [_norm(u) for u in worker_urls]
         self.host = host
@@ -46,6 +48,8 @@ class SGLangRouter:
         self.log_dir = Path(log_dir) if log_dir else None
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        # The router demands it of every client and sends it to its workers; None: this process's run secret.
+        self.api_key = api_key if api_key is not None else run_secret()
         self.process: ManagedProcess | None = None
 
     @property
@@ -56,8 +60,12 @@ class SGLangRouter:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        """The launch command line."""
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port)]
+        """The launch command line (the secret, if any, goes in the environment: see start())."""
+        if self.api_key:
+            cmd = [sys.executable, "-c", LAUNCH_WITH_KEY, "sglang_router.launch_router"]
+        else:
+            cmd = [sys.executable, "-m", "sglang_router.launch_router"]
+        cmd += ["--host", self.host, "--port", str(self.port)]
         if self.worker_urls:
             cmd += ["--worker-urls", *self.worker_urls]
         if self.policy:
@@ -76,7 +84,8 @@ class SGLangRouter:
         check_port_free(self.host, self.port)
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="slime_like_router_"))
         name = f"sglang-router (port {self.port})"
-        self.process = ManagedProcess(self.command(), log_dir / f"router_{self.port}.log", name=name).start()
+        env = {API_KEY_ENV: self.api_key} if self.api_key else {}
+        self.process = ManagedProcess(self.command(), log_dir / f"router_{self.port}.log", env=env, name=name).start()
         try:
             deadline = time.monotonic() + self.startup_timeout
             self.process.wait_http_ok(f"{self.url}/health", timeout=self.startup_timeout, what="ready")

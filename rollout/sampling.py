@@ -4,6 +4,10 @@ Groups are started `--over-sampling-batch-size` at a time while kept + running g
 `--rollout-batch-size`; each finished group passes the dynamic filter or is dropped (counted by reason). Once
 enough groups are kept, requests still running are aborted on every server; those groups (and finished ones
 beyond the batch) go back to the buffer: as they are with `--partial-rollout`, else reset to their prompt.
+
+Every group drawn is accounted for (buffer/accounting.py): drawn = trained + failed + dropped + returned, checked
+at the end of each rollout (AccountingError when not) and reported as `rollout/groups_*`. When the rollout
+raises, every group it still holds goes back to the buffer first.
 """
 
 from __future__ import annotations
@@ -47,8 +51,7 @@ def return_to_buffer(ctx: RolloutContext, buffer: Buffer, groups: list[list[Samp
             if args.mask_offpolicy_in_partial_rollout and sample.response_length:
                 # These tokens came from weights older than those that will continue the sample.
                 sample.loss_mask = [0] * sample.response_length
-    buffer.add_groups(groups)
-    ctx.count("groups_returned", len(groups))
+    buffer.add_groups(groups)  # the buffer's ledger counts them as returned
 
 
 async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str, Any]) -> list[list[Sample]]:
@@ -60,6 +63,7 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
     running: dict[asyncio.Task[bool], list[Sample]] = {}
     origin: dict[int, dict[str, Any]] = {}  # metadata as served, to reset a sample returned without its tokens
     dropped = 0
+    ledger = ctx.accounting = buffer.open_ledger()
     try:
         while len(kept) < target:
             while len(kept) + len(running) < target:
@@ -70,8 +74,9 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
                     running[asyncio.create_task(run_group(ctx, group, params))] = group
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                group = running.pop(task)
+                # The result first: a task that raised stays in `running`, so its group goes back to the buffer.
                 finished = task.result()
+                group = running.pop(task)
                 if not finished or len(kept) >= target:
                     unused.append(group)
                     ctx.count("groups_surplus" if finished else "groups_aborted")
@@ -82,24 +87,32 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
                     kept.append(group)
                     continue
                 dropped += 1
-                ctx.count("groups_dropped")
-                ctx.count(f"groups_dropped_{verdict.reason or 'filtered'}")
+                ledger.drop(group, verdict.reason or "filtered")
                 if dropped > MAX_DROPPED_PER_KEPT * target:
                     raise RuntimeError(
                         f"dynamic sampling dropped {dropped} groups and kept {len(kept)} of {target}: "
                         f"check --dynamic-sampling-filter-path (last reason: {verdict.reason})"
                     )
+    except BaseException:
+        unused.extend(kept)  # the rollout is lost, its groups are not: they run again in the next one
+        raise
     finally:
         # On success and on error alike: nothing of this rollout may keep running on the servers.
-        if running:
-            await abort_and_drain(ctx, list(running))
-            for task, group in running.items():
-                if task.cancelled() or task.exception() is not None or not task.result():
-                    ctx.count("groups_aborted")
-                else:
-                    ctx.count("groups_surplus")
-                unused.append(group)
-        if unused:
-            return_to_buffer(ctx, buffer, unused, origin)
+        try:
+            if running:
+                await abort_and_drain(ctx, list(running))
+                for task, group in running.items():
+                    if task.cancelled() or task.exception() is not None or not task.result():
+                        ctx.count("groups_aborted")
+                    else:
+                        ctx.count("groups_surplus")
+                    unused.append(group)
+            if unused:
+                return_to_buffer(ctx, buffer, unused, origin)
+        finally:
+            buffer.close_ledger()
+    ledger.keep(kept)
+    for key, n in ledger.check().items():
+        ctx.count(key, n)
     ctx.count("groups_kept", len(kept))
     return sorted(kept, key=lambda g: (g[0].group_index is None, g[0].group_index or 0))

@@ -5,6 +5,9 @@ EngineError naming the URL; the calls a rollout makes while it generates are `as
 aiohttp session. Router worker management follows sglang-router 0.3.2: GET /workers ->
 {"workers": [{"id", "url", "is_healthy", ...}]}, POST /workers {"url"} -> 202 with a "worker_id" (the
 worker is listed once its health check passed), DELETE /workers/{id} -> 202.
+
+Every call carries the run's secret (`Authorization: Bearer`, slime_like.core.secret): servers and the router are
+started with it and answer 401 to a request without it (only /health is open).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import aiohttp
 import requests
 
 from slime_like.core.errors import EngineError
+from slime_like.core.secret import API_KEY_ENV, auth_headers
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ logger = logging.getLogger(__name__)
 def _answer(resp: requests.Response, where: str) -> Any:
     """The JSON body of a 200 answer ({} when empty); EngineError for any other status or a reported failure."""
     if resp.status_code != 200:
-        raise EngineError(f"{where} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        raise EngineError(f"{where} answered HTTP {resp.status_code}: {resp.text[:300]}{_auth_hint(resp.status_code)}")
     try:
         body = resp.json() if resp.content else {}
     except ValueError:
@@ -39,10 +43,17 @@ def _answer(resp: requests.Response, where: str) -> Any:
     return body
 
 
+def _auth_hint(status: int) -> str:
+    """What a 401/403 means here: the server wants the run's secret and this process sent none or another one."""
+    if status not in (401, 403):
+        return ""
+    return f" (the server requires this run's secret: is {API_KEY_ENV} in this process's environment the run's?)"
+
+
 def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
     """POST JSON and return the JSON answer; raise EngineError naming the server on failure."""
     try:
-        resp = requests.post(f"{url}{path}", json=payload or {}, timeout=timeout)
+        resp = requests.post(f"{url}{path}", json=payload or {}, headers=auth_headers(), timeout=timeout)
     except requests.RequestException as exc:
         raise EngineError(f"{url}{path} failed: {exc!r}") from exc
     return _answer(resp, f"{url}{path}")
@@ -51,7 +62,7 @@ def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: fl
 def get(url: str, path: str, timeout: float = 10.0) -> Any:
     """GET and return the JSON answer; raise EngineError naming the server on failure."""
     try:
-        resp = requests.get(f"{url}{path}", timeout=timeout)
+        resp = requests.get(f"{url}{path}", headers=auth_headers(), timeout=timeout)
     except requests.RequestException as exc:
         raise EngineError(f"{url}{path} failed: {exc!r}") from exc
     return _answer(resp, f"{url}{path}")
@@ -214,12 +225,13 @@ def list_workers(router_url: str, timeout: float = 10.0) -> list[dict[str, Any]]
 def add_worker(router_url: str, worker_url: str, timeout: float = 10.0) -> str | None:
     """Ask the router to register a worker (asynchronous: it is listed once healthy); its worker id."""
     try:
-        resp = requests.post(f"{router_url}/workers", json={"url": worker_url}, timeout=timeout)
+        resp = requests.post(f"{router_url}/workers", json={"url": worker_url}, headers=auth_headers(), timeout=timeout)
     except requests.RequestException as exc:
         raise EngineError(f"router {router_url}: adding worker {worker_url} failed: {exc!r}") from exc
     if resp.status_code not in (200, 202):
         raise EngineError(
             f"router {router_url} refused to add worker {worker_url}: HTTP {resp.status_code} {resp.text}"
+            f"{_auth_hint(resp.status_code)}"
         )
     return resp.json().get("worker_id")
 
@@ -227,11 +239,14 @@ def add_worker(router_url: str, worker_url: str, timeout: float = 10.0) -> str |
 def delete_worker(router_url: str, worker_id: str, timeout: float = 10.0) -> None:
     """Ask the router to deregister a worker by id (asynchronous: it disappears shortly after)."""
     try:
-        resp = requests.delete(f"{router_url}/workers/{worker_id}", timeout=timeout)
+        resp = requests.delete(f"{router_url}/workers/{worker_id}", headers=auth_headers(), timeout=timeout)
     except requests.RequestException as exc:
         raise EngineError(f"router {router_url}: removing worker {worker_id} failed: {exc!r}") from exc
     if resp.status_code not in (200, 202, 204):
-        raise EngineError(f"router {router_url} refused to remove {worker_id}: HTTP {resp.status_code} {resp.text}")
+        raise EngineError(
+            f"router {router_url} refused to remove {worker_id}: HTTP {resp.status_code} {resp.text}"
+            f"{_auth_hint(resp.status_code)}"
+        )
 
 
 def worker_job_status(router_url: str, worker_id: str, timeout: float = 5.0) -> Any:
@@ -252,10 +267,10 @@ class GenerateRefused(EngineError):
 async def generate_async(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> dict[str, Any]:
     """POST /generate; GenerateRefused on a 4xx answer, EngineError on a 5xx answer or a broken connection."""
     try:
-        async with session.post(f"{url}/generate", json=payload) as resp:
+        async with session.post(f"{url}/generate", json=payload, headers=auth_headers()) as resp:
             if resp.status == 200:
                 return await resp.json(content_type=None)
-            error = f"/generate answered {resp.status}: {(await resp.text())[:300]}"
+            error = f"/generate answered {resp.status}: {(await resp.text())[:300]}{_auth_hint(resp.status)}"
     except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise EngineError(f"/generate failed: {exc!r}") from exc
     raise (GenerateRefused if resp.status < 500 else EngineError)(error)
@@ -265,9 +280,9 @@ async def abort_request(session: aiohttp.ClientSession, url: str, rid: str | Non
     """POST /abort_request for one request id, or for every request with rid None; EngineError on failure."""
     payload = {"rid": rid} if rid is not None else {"abort_all": True}
     try:
-        async with session.post(f"{url}/abort_request", json=payload) as resp:
+        async with session.post(f"{url}/abort_request", json=payload, headers=auth_headers()) as resp:
             text = await resp.text()
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise EngineError(f"{url}/abort_request failed: {exc!r}") from exc
     if resp.status != 200:
-        raise EngineError(f"{url}/abort_request answered {resp.status}: {text[:200]}")
+        raise EngineError(f"{url}/abort_request answered {resp.status}: {text[:200]}{_auth_hint(resp.status)}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rollout.sglang_client import freeze_gc
 from slime_like.core.process import ManagedProcess, check_port_free, free_port
+from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, run_secret
 
 # CPU-only settings (each measured on our 2-core machines; the reasons are beside them); none apply on GPU.
 CPU_FLAGS = (
@@ -71,6 +72,7 @@ class SGLangServer:
         omp_num_threads: int | None = None,
         stop_timeout: float = 15.0,
         node_rank: int = 0,
+        api_key: str | None = None,
     ) -> None:
         self.model_path = Path(model_path)
         self.host = host
@@ -85,6 +87,8 @@ class SGLangServer:
         self.omp_num_threads = omp_num_threads
         self.stop_timeout = stop_timeout
         self.node_rank = node_rank  # > 0: one node's share of a multi-node engine, with only a /health endpoint
+        # Every request but /health must carry it (SGLang's --api-key); None: this process's run secret, if any.
+        self.api_key = api_key if api_key is not None else run_secret()
         self.process: ManagedProcess | None = None
 
     @property
@@ -104,9 +108,13 @@ class SGLangServer:
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The launch command and the extra environment for this server."""
         on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")) == "cpu"
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.model_path)]
-        cmd += ["--host", self.host, "--port", str(self.port)]
         env: dict[str, str] = {}
+        if self.api_key:  # handed over in the environment: a command line is world-readable on the node
+            cmd = [sys.executable, "-c", LAUNCH_WITH_KEY, "sglang.launch_server"]
+            env[API_KEY_ENV] = self.api_key
+        else:
+            cmd = [sys.executable, "-m", "sglang.launch_server"]
+        cmd += ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port)]
         if on_cpu:
             cmd += CPU_FLAGS
             env.update(CPU_ENV)
@@ -151,6 +159,9 @@ class SGLangServer:
         cmd, env = self.command()
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="slime_like_sglang_"))
         log_path = log_dir / f"sglang_{self.port}.log"
+        if self.api_key:  # SGLang logs its arguments, the secret among them: owner-only from the first byte
+            log_dir.mkdir(parents=True, exist_ok=True)
+            log_path.touch(mode=0o600)
         self.process = ManagedProcess(cmd, log_path, env=env, name=f"SGLang server (port {self.port})").start()
         if wait:
             self.wait_ready()

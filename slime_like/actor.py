@@ -192,7 +192,8 @@ class TrainActor:
                 step.update({f"train/{k}": v for k, v in out.items()})
             step_metrics.append(step)
         for key in step_metrics[0] if step_metrics else ():
-            metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
+            total = sum(m[key] for m in step_metrics)
+            metrics[key] = total if key.endswith("skipped_steps") else total / len(step_metrics)  # a count
         metrics["time/logprob"] = prepare_time
         metrics["time/train"] = time.monotonic() - start - prepare_time
         return metrics

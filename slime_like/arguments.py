@@ -183,7 +183,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.world_size % model_parallel:
         raise ArgumentError(
             f"trainer ranks (--actor-num-nodes x --actor-num-gpus-per-node = {args.world_size}) must be a multiple of "
-            f"TP x PP x CP = {model_parallel}"
+            f"TP x PP x CP = {model_parallel} (--tensor-model-parallel-size {args.tensor_model_parallel_size} x "
+            f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size} x --context-parallel-size "
+            f"{args.context_parallel_size})"
         )
     args.data_parallel_size = args.world_size // model_parallel
     if args.global_batch_size % args.data_parallel_size:

@@ -29,20 +29,28 @@ NODE_DEATH_SYMPTOMS = (
 )
 
 
+def _stay_on_loopback() -> None:
+    """Keep Ray's node and driver addresses at 127.0.0.1: Ray otherwise swaps it for the interface address (and a
+    driver then cannot reach a GCS listening on loopback). Ray reads the switch at import, so set both."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def start_ray(args: Any) -> None:
     """Connect to the cluster in RAY_ADDRESS, or start a local instance sized for this machine on 127.0.0.1."""
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        if address.split(":")[0] in ("127.0.0.1", "localhost"):  # a cluster on this machine only
+            _stay_on_loopback()
         # Workers on other nodes start from their raylet's environment: hand them the driver's PYTHONPATH (plugin
         # modules live there; the same paths must exist on every node, as with `ray job submit`).
         env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, runtime_env={"env_vars": env})
+        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env})
         return
-    # One machine: the node registers under loopback, so every engine and the router bind 127.0.0.1 only. Ray
-    # otherwise swaps 127.0.0.1 for the interface address; it reads the switch at import, so set both.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    # One machine: the node registers under loopback, so every engine and the router bind 127.0.0.1 only.
+    _stay_on_loopback()
     # The object store is capped: SGLang servers share this machine's memory.
     ray.init(
         address="local",  # never join another Ray instance that happens to run on this machine

@@ -40,6 +40,7 @@ class Run:
         start_ray(args)
         self.placement = placement = create_placement(args)
         self.use_gpu = placement.use_gpu
+        self._check_tensor_transport()
         logger.info(resolve_precision(args, self.use_gpu))
         no_effect = no_effect_line(args, transformer_engine_available() and self.use_gpu, self.use_gpu)
         if no_effect:  # Megatron kernel/overlap flags of slime's scripts that do nothing on this machine
@@ -97,19 +98,30 @@ class Run:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
 
+    def _check_tensor_transport(self) -> None:
+        """The tensor transport hands tensors over on one node: every engine must be on trainer rank 0's node
+        (known from the slots, before anything starts)."""
+        if "tensor" not in {self.args.update_weight_transport, self.args.update_weight_fallback}:
+            return
+        home = self.placement.trainer[0]
+        per_engine = self.args.rollout_num_gpus_per_engine
+        away = [
+            f"engine {i} ({slots[0].describe()})"
+            for i, slots in enumerate(self.placement.engine_slots(per_engine))
+            if any(s.node_id != home.node_id for s in slots)
+        ]
+        if away:
+            raise ArgumentError(
+                f"--update-weight-transport tensor (or --update-weight-fallback tensor) hands tensors over through "
+                f"shared memory on one node, but {', '.join(away)} would run on another node than trainer rank 0 "
+                f"({home.describe()}): use --update-weight-transport distributed (or disk on a shared filesystem), "
+                "or --colocate"
+            )
+
     def _check_transports(self) -> None:
-        """The tensor transport needs every engine on trainer rank 0's node; the disk transport a filesystem that
-        every engine node shares with it. Checked once, before any update."""
+        """The disk transport needs a filesystem that every engine node shares with trainer rank 0: checked once,
+        before any update."""
         kinds = {self.args.update_weight_transport, self.args.update_weight_fallback}
-        if "tensor" in kinds:
-            home = self.placement.trainer[0].node_id
-            away = [e["url"] for e in self.engines if any(n != home for n in e["nodes"])]
-            if away:
-                raise ArgumentError(
-                    f"the tensor weight transport hands tensors over through shared memory on one node, but "
-                    f"engines {away} run on other nodes than trainer rank 0 ({self.placement.trainer[0].describe()}): "
-                    "use --update-weight-transport distributed (or disk on a shared filesystem), or --colocate"
-                )
         if "disk" in kinds:
             marker = Path(self.args.output_dir).resolve() / "weights" / f".visible-{uuid.uuid4().hex[:8]}"
             self.trainer.touch(str(marker))

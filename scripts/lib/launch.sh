@@ -16,7 +16,9 @@ run_job() {  # usage: run_job MODULE ARGS...   (MODULE: slime_like.train or slim
     exec "$PYTHON" -m "$module" "$@" --dry-run
   fi
   if [[ -z "${RAY_ADDRESS:-}" ]]; then
-    # Single node, or the head of a multi-node cluster: start Ray here and let the others join.
+    # Single node, or the head of a multi-node cluster: start Ray here and let the others join. On one node
+    # (no MASTER_ADDR) Ray must keep 127.0.0.1, or the driver cannot reach it.
+    [[ -z "${MASTER_ADDR:-}" ]] && export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
     "$PYTHON" -m ray.scripts.scripts start --head --node-ip-address "${MASTER_ADDR:-127.0.0.1}" \
       --num-gpus "${GPUS_PER_NODE:-8}" --disable-usage-stats
     export RAY_ADDRESS="${MASTER_ADDR:-127.0.0.1}:6379"

@@ -10,6 +10,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from slime_like.core.secret import API_KEY_ENV, ensure_api_key
+
 # Set for every process of a CPU run (2-core machines: SGLang was measured 3-5x slower with 2 threads per
 # process under contention; no model hub). A value in the driver's environment wins.
 CPU_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -36,6 +38,13 @@ def cpu_env() -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in CPU_ENV.items()}
 
 
+def actor_env(env: dict[str, str] | None) -> dict[str, str]:
+    """`env` plus the run's secret: every actor we place talks to the servers (or starts them) with it.
+
+    The driver makes the secret when it places its first actor; an actor placing others passes its own on."""
+    return {**(env or {}), API_KEY_ENV: ensure_api_key()}
+
+
 def slot_options(slot: Slot, share: float, use_gpu: bool, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Ray options that pin an actor to a slot, asking for `share` of its CPU (and GPU)."""
     options: dict[str, Any] = {
@@ -44,8 +53,7 @@ def slot_options(slot: Slot, share: float, use_gpu: bool, env: dict[str, str] | 
     }
     if use_gpu:
         options["num_gpus"] = share
-    if env:
-        options["runtime_env"] = {"env_vars": env}
+    options["runtime_env"] = {"env_vars": actor_env(env)}
     return options
 
 
@@ -54,9 +62,8 @@ def node_options(node_id: str, env: dict[str, str] | None = None) -> dict[str, A
     options: dict[str, Any] = {
         "num_cpus": 0,
         "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+        "runtime_env": {"env_vars": actor_env(env)},
     }
-    if env:
-        options["runtime_env"] = {"env_vars": env}
     return options
 
 

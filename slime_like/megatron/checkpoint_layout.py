@@ -11,7 +11,8 @@
 
 A save writes into the sibling `iter_XXXXXXX.tmp/`, renames it into place, then replaces the tracker: a save
 cut off midway leaves only the temporary directory, and the tracker names the previous checkpoint. A directory
-with our state file but no marker (a partial copy) is never loaded. A directory without our state file is
+with our state file but no marker (a partial copy) is never loaded. A save that fails (a full disk included:
+CheckpointSaveError) removes its temporary directory and leaves the previous checkpoint as the one to load. A directory without our state file is
 someone else's (slime's, Megatron's, the converter's): complete when Megatron's metadata.json is there.
 Pure Python at import (torch only inside read_slime_data_state): argument checks use it before anything heavy is
 imported.
@@ -19,6 +20,7 @@ imported.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -44,6 +46,15 @@ _FORMAT = 1
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message names it and what to do."""
+
+
+class CheckpointSaveError(OSError):
+    """A save that failed for lack of disk space; the message names the checkpoint kept and what to do."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# How a full disk reads once it has crossed a process boundary (Ray task errors, torch.distributed.checkpoint).
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
 
 
 def iteration_dir(root: str | Path, iteration: int | None) -> Path:
@@ -77,11 +88,15 @@ def write_tracker(root: str | Path, iteration: int | None) -> None:
     """Atomically replace the tracker: a temporary file, flushed to disk, then os.replace."""
     path = Path(root) / TRACKER
     tmp = path.with_name(f".{TRACKER}.tmp")
-    with open(tmp, "w") as f:
-        f.write(RELEASE if iteration is None else str(iteration))  # as Megatron writes it: no newline
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(RELEASE if iteration is None else str(iteration))  # as Megatron writes it: no newline
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # the old tracker stays in place, naming the previous checkpoint
+        raise
 
 
 def incomplete_reason(directory: str | Path) -> str | None:
@@ -243,14 +258,50 @@ def commit_save(root: str | Path, iteration: int | None, tmp: Path, keep_last: i
 
 @contextmanager
 def saving(root: str | Path, iteration: int | None, keep_last: int | None = None) -> Iterator[Path]:
-    """begin_save, yield the temporary directory to write into, then commit_save; on an error it is removed."""
-    tmp = begin_save(root, iteration)
+    """begin_save, yield the temporary directory to write into, then commit_save; on an error it is removed (a
+    full disk raises CheckpointSaveError naming the checkpoint that is kept)."""
+    tmp = temporary_dir(root, iteration)
     try:
+        begin_save(root, iteration)
         yield tmp
-    except BaseException:
+        commit_save(root, iteration, tmp, keep_last)
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full(exc):
+            raise CheckpointSaveError(errno.ENOSPC, _disk_full_message(root, iteration, exc)) from exc
         raise
-    commit_save(root, iteration, tmp, keep_last)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether an error (or one it was raised from) is a full disk or an exceeded quota."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL:
+            return True
+        if any(text in str(current) for text in _DISK_FULL_TEXT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _disk_full_message(root: str | Path, iteration: int | None, exc: BaseException) -> str:
+    """What failed, what is kept, and what to do."""
+    try:
+        kept = find_checkpoint(root, "--load")
+    except (CheckpointError, OSError):
+        kept = None
+    where = (
+        f"{kept.directory.name} is still the checkpoint there (--load {root} resumes from it)"
+        if kept is not None
+        else "no earlier complete checkpoint is there"
+    )
+    return (
+        f"saving checkpoint {iteration_dir(root, iteration).name} under {root}: the disk is full "
+        f"({type(exc).__name__}: {str(exc)[:300]}). The partial save was removed; {where}. Free space (or keep fewer "
+        "with --keep-last-n-checkpoints), then resume."
+    )
 
 
 def prune(root: str | Path, current: int, keep_last: int) -> list[Path]:

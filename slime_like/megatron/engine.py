@@ -17,10 +17,16 @@ can compute because it holds the whole batch). The engine multiplies each share 
 undoes Megatron's averaging, so the gradient is exactly the gradient of the sum of shares over all
 micro-batches and DP ranks (each CP rank computes the same shares; see context_parallel.py for why
 they count once).
+
+A step whose loss or gradients are not finite (NaN/inf) is skipped on every rank alike: the optimizer and the
+learning-rate schedule do not move, a warning says so, and the step's metrics carry skipped_steps=1 and
+update_successful=0. (Megatron's fp32 and bf16 optimizers have no loss scaler, so they would apply it.)
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -44,6 +50,8 @@ from slime_like.megatron.packing import (
     split_micro_batches,
 )
 from slime_like.megatron.parallel import share_from_last_stage
+
+logger = logging.getLogger(__name__)
 
 # loss_fn(logprobs_per_seq, data_per_seq[, entropy=entropy_per_seq]) -> share | (share, metrics)
 LossFn = Callable[..., torch.Tensor | tuple[torch.Tensor, dict[str, Any]]]
@@ -167,6 +175,7 @@ class MegatronTrainEngine:
         with _value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
         self.optimizer = self.scheduler = None
+        self.skipped_steps_total = 0  # optimizer steps skipped for a non-finite loss or gradient
         config = get_model_config(self.model[0])
         # Sequences are padded so that the CP split and the SP split of every micro-batch come out even.
         tp = mpu.get_tensor_model_parallel_world_size()
@@ -220,18 +229,66 @@ class MegatronTrainEngine:
             self._loss, data=per_sequence_data, loss_fn=loss_fn, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
         stores = self._run(sequences, compute, forward_only=False)
-        with cuda_to_cpu():
-            ok, grad_norm, _ = self.optimizer.step()
-        lr = self.optimizer.param_groups[0]["lr"]
-        if ok:
-            self.scheduler.step(1)
         totals: dict[str, float] = {}
         for store in stores:
             for key, value in store.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
+        if self._finite(totals.get("loss", 0.0)):
+            with cuda_to_cpu():
+                ok, grad_norm, _ = self.optimizer.step()
+        else:
+            ok, grad_norm = False, math.nan
+            self._discard_grads()
+        lr = self.optimizer.param_groups[0]["lr"]
+        if ok:
+            self.scheduler.step(1)
+        else:
+            self.skipped_steps_total += 1
+            logger.warning(
+                "optimizer step skipped: the loss or a gradient is not finite (loss share %s on this rank); the "
+                "weights, optimizer state and learning rate are unchanged (%d step(s) skipped so far)",
+                totals.get("loss"),
+                self.skipped_steps_total,
+            )
         metrics = share_from_last_stage(totals, _sum_dicts)
-        metrics.update(grad_norm=float(grad_norm or 0.0), lr=float(lr), update_successful=float(ok))
+        metrics.update(
+            grad_norm=float(grad_norm if grad_norm is not None else 0.0),
+            lr=float(lr),
+            update_successful=float(ok),
+            skipped_steps=float(not ok),
+        )
         return metrics
+
+    def _finite(self, local_loss: float) -> bool:
+        """Whether the loss and every gradient are finite on every rank (one all-reduce: all ranks decide alike)."""
+        bad = torch.zeros(1, device=self.device)
+        if not math.isfinite(local_loss):
+            bad += 1
+        for grad in self._grads():
+            # A sum is NaN/inf when any entry is (fp32 overflow of a sum needs gradients near 1e30: skip those too).
+            bad += (~torch.isfinite(torch.sum(grad, dtype=torch.float32))).float()
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        return bad.item() == 0
+
+    def _grads(self) -> Iterator[torch.Tensor]:
+        """This rank's gradients: the DDP grad buffers (main_grad), else each parameter's grad."""
+        for m in self.model:
+            buffers = getattr(m, "buffers", None)  # megatron DDP's list of grad buffers (shadows Module.buffers)
+            if isinstance(buffers, list):
+                yield from (b.grad_data for b in buffers + list(getattr(m, "expert_parallel_buffers", [])))
+                continue
+            for p in m.parameters():
+                grad = getattr(p, "main_grad", None)
+                grad = p.grad if grad is None else grad
+                if grad is not None:
+                    yield grad
+
+    def _discard_grads(self) -> None:
+        """Zero the gradients of a skipped step (the next step zeroes them too: this keeps NaN out of offload)."""
+        for m in self.model:
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (hf_name, full tensor) on every rank (gathered over TP/PP; views of live params)."""

@@ -17,10 +17,7 @@ import pytest
 
 from rollout.sglang_client import list_workers
 from tests.conftest import REPO_ROOT
-
-# Keep Ray on loopback when a driver joins the cluster (../shared/RUNTIME.md) and let separate drivers connect.
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-NODE = {"node_ip_address": "127.0.0.1", "object_store_memory": 200 << 20}
+from tools.simulated_cluster import RAY_ENV, start_cluster
 
 # Deterministic and spread out: greedy responses (top-k 1), rewards that differ between prompts, a batch-normalised
 # estimator (a greedy group has one response, so a group baseline would leave nothing to learn).
@@ -43,24 +40,17 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster() -> Iterator[SimpleNamespace]:
     """Head (no CPUs: only the driver's light actors), a 2-CPU trainer node and two 1-CPU engine nodes."""
     import ray
-    from ray.cluster_utils import Cluster
 
-    patch = pytest.MonkeyPatch()
-    for key, value in RAY_ENV.items():
-        patch.setenv(key, value)  # for the raylets and drivers this process starts
-    # Ray read the variable when it was imported (maybe by another test): tell this process too.
-    patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **NODE})
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    c, (trainer, *engines) = start_cluster([2, 1, 1])
     try:
-        trainer = c.add_node(num_cpus=2, **NODE)
-        engines = [c.add_node(num_cpus=1, **NODE) for _ in range(2)]
-        c.wait_for_nodes()
         ray.init(address=c.address)  # this process reads Ray's actor table
         yield SimpleNamespace(cluster=c, trainer=trainer, engines=engines)
     finally:
         ray.shutdown()
         c.shutdown()
-        patch.undo()
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
 def job(model: Path, task: Path, out: Path, *extra: str) -> list[str]:
@@ -159,6 +149,39 @@ def test_loop_places_trainer_and_engines_on_their_nodes(
         for key, value in a.items():
             assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert any(r.get("train/grad_norm", 0) > 0 for r in on_cluster)  # it learned something: the check was real
+
+
+def test_an_engine_spans_two_nodes(cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+    """One engine of two ranks (SGLang's CPU engine runs a TP rank per process) over the two 1-CPU nodes:
+    node rank 1 joins node rank 0's rendezvous, and weight updates reach both ranks."""
+    out = tmp_path / "wide"
+    cmd = job(tiny_qwen3, task, out, "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "2")
+    proc = start(cmd, task, cluster.cluster.address)
+    try:
+        placed = wait_for_placement(out, proc)
+        [engine] = placed["engines"]
+        assert sorted(engine["nodes"]) == sorted(n.node_id for n in cluster.engines)
+        assert all(psutil.pid_exists(pid) for pid in engine["pids"])
+        assert [w["url"] for w in list_workers(placed["router"]["url"])] == [engine["url"]]
+        output = finish(proc)
+    finally:
+        proc.kill()
+    assert output.count("servers match the trainer") >= 3, output[-4000:]
+    log = (out / "logs").glob("sglang_*.log")
+    commands = [next(open(f)).strip() for f in log]
+    assert sorted(c.split("--node-rank ")[1].split()[0] for c in commands) == ["0", "1"]
+
+
+def test_tensor_transport_across_nodes_is_refused_before_anything_starts(
+    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path
+) -> None:
+    cmd = job(tiny_qwen3, task, tmp_path / "tensor", "--update-weight-transport", "tensor")
+    proc = start(cmd, task, cluster.cluster.address)
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    assert "--update-weight-transport tensor (or --update-weight-fallback tensor) hands tensors over" in output
+    assert "would run on another node than trainer rank 0" in output
+    assert not (tmp_path / "tensor" / "placement.json").exists()  # no engine or trainer rank was started
 
 
 def test_lost_node_stops_the_run_naming_it(

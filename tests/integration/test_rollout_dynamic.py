@@ -118,6 +118,10 @@ def test_dynamic_sampling_keeps_exactly_the_batch_and_aborts_the_rest(
     returned = m.buffer.returned_groups()
     assert metrics["rollout/groups_started"] == BATCH + len(dropped) + len(returned) == 2 * OVER
     assert metrics["rollout/groups_aborted"] >= 1 and 3 in [g[0].group_index for g in returned]
+    # The accounting adds up: drawn = trained + failed + dropped + returned (checked in the loop, reported here).
+    assert metrics["rollout/groups_drawn"] == metrics["rollout/groups_drawn_source"] == 2 * OVER
+    assert metrics["rollout/groups_trained"] == BATCH and metrics["rollout/groups_failed"] == 0
+    assert metrics["rollout/groups_returned"] == len(returned)
     # Without --partial-rollout a returned group starts over: no tokens, pending, same sample indices.
     for g in returned:
         assert all(s.status == Status.PENDING and s.response_length == 0 and not s.tokens for s in g)
@@ -139,11 +143,16 @@ def test_partial_rollout_continues_aborted_groups_without_loss_or_duplicates(
     m = manager(tiny_qwen3, task, workers, router, "--partial-rollout", "--mask-offpolicy-in-partial-rollout")
     seen = sys.modules["dyn_plugin"].SEEN
     kept = []
+    from_source = 0
     for rollout_id in range(3):
         groups, metrics = m.generate(rollout_id)
         assert len(groups) == BATCH and metrics["rollout/groups_kept"] == BATCH
         assert wait_idle(workers) == [0, 0]
         kept += groups
+        settled = ("trained", "failed", "dropped", "returned")
+        assert metrics["rollout/groups_drawn"] == sum(metrics[f"rollout/groups_{k}"] for k in settled)
+        from_source += metrics["rollout/groups_drawn_source"]
+    assert from_source == m.buffer.source.next_group_index  # every fresh group was counted once
     # Every group the data source handed out is accounted for exactly once: trained, dropped, or waiting.
     kept_ids = [g[0].group_index for g in kept]
     dropped_ids = [gi for gi, ok in seen if not ok]

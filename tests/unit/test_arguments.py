@@ -32,6 +32,7 @@ def test_unknown_flag_is_an_error(base: list[str], capsys: pytest.CaptureFixture
             "trainer ranks (--actor-num-nodes x --actor-num-gpus-per-node = 2) must be a multiple of TP x PP x CP = 4",
         ),
         (["--save-interval", "2"], "--save-interval needs --save"),
+        (["--rollout-temperature", "0"], "--rollout-temperature 0.0: training needs the sampling policy's log-probs"),
     ],
 )
 def test_contradictions_name_the_flags(

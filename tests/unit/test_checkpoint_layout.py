@@ -3,6 +3,7 @@ resolution in the run, and the checkpoint flags. No Megatron here: torch_dist fi
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from pathlib import Path
@@ -168,6 +169,47 @@ def test_run_saves_and_resumes(tmp_path: Path, no_ray: None) -> None:
     assert resumed._load() == 6
     d = str(tmp_path / "iter_0000005")
     assert resumed.calls == [("load", d, True, False), ("data", {"offset": 4}), ("version", 6)]
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
+    tmp_path: Path, no_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = FakeRun(run_args(save=str(tmp_path), save_interval=3))
+    run.save(2)
+
+    def disk_full(directory: str, iteration: int) -> None:
+        fake_megatron_files(Path(directory))  # some shards made it to disk, then the disk filled up
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "__1_0.distcp"))
+
+    run.trainer.save = disk_full
+    with pytest.raises(layout.CheckpointSaveError) as info:
+        run.save(5)
+    message = str(info.value)
+    assert info.value.errno == errno.ENOSPC and isinstance(info.value.__cause__, OSError)
+    assert f"saving checkpoint iter_0000005 under {tmp_path}: the disk is full" in message
+    assert f"iter_0000002 is still the checkpoint there (--load {tmp_path} resumes from it)" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+    assert find_checkpoint(tmp_path).iteration == 2
+    # The same error from a trainer rank arrives as Ray's error text; the tracker write can fail as well.
+    run.trainer.save = lambda d, i: (_ for _ in ()).throw(RuntimeError("rank 1: OSError: No space left on device"))
+    with pytest.raises(layout.CheckpointSaveError, match="the disk is full"):
+        run.save(5)
+    run.trainer.save = lambda d, i: fake_megatron_files(Path(d))
+    write_tracker = layout.write_tracker
+
+    def tracker_disk_full(root: Path, iteration: int | None) -> None:
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(layout, "write_tracker", tracker_disk_full)
+    with pytest.raises(layout.CheckpointSaveError, match="iter_0000002 is still the checkpoint there"):
+        run.save(5)
+    monkeypatch.setattr(layout, "write_tracker", write_tracker)
+    assert find_checkpoint(tmp_path).iteration == 2  # the tracker still names it
+    # Other failures are not called a full disk.
+    run.trainer.save = lambda d, i: (_ for _ in ()).throw(RuntimeError("trainer died"))
+    with pytest.raises(RuntimeError, match="trainer died") as other:
+        run.save(8)
+    assert not isinstance(other.value, layout.CheckpointSaveError)
 
 
 def test_run_load_falls_back_to_ref_load(tmp_path: Path, no_ray: None, caplog: pytest.LogCaptureFixture) -> None:

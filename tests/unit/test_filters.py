@@ -97,7 +97,7 @@ def test_sample_filter_zeroes_loss_and_post_process_keeps_raw_reward() -> None:
     groups = [group([1.0, 0.0])]
     finish_rollout(ctx, groups)
     assert [s.loss_mask for s in groups[0]] == [[1, 1], [0, 0]]
-    assert groups[0][1].metadata["excluded_from_loss"] and ctx.counters == {"samples_excluded_from_loss": 1}
+    assert groups[0][1].metadata["excluded_from_loss"] and ctx.counters["samples_excluded_from_loss"] == 1
     assert [(s.reward, s.metadata["raw_reward"]) for s in groups[0]] == [(0.5, 1.0), (-0.5, 0.0)]
     bad = ctx_with(reward_post_process=lambda args, g: [1.0])
     with pytest.raises(TypeError, match="--custom-reward-post-process-path.*one entry per sample"):

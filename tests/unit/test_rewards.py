@@ -4,6 +4,8 @@ failure accounting of RewardFunction, and the remote reward model against a loca
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from argparse import Namespace
 from collections import Counter
@@ -129,6 +131,43 @@ def test_reward_of_the_wrong_type_fails_the_sample() -> None:
     counts = Counts()
     asyncio.run(RewardFunction(lambda a, s: "high", timeout=5).score_group(None, group, counts))
     assert group[0].status == Status.FAILED and "number or a dict" in group[0].metadata["reward_error"]
+
+
+def test_a_plain_reward_that_hangs_times_out_in_its_own_threads(caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    threads: list[str] = []
+
+    def hangs_on_first(args: Any, s: Sample) -> float:
+        threads.append(threading.current_thread().name)
+        if s.index == 0:
+            release.wait(30)  # a plain function that never returns in time: its thread cannot be stopped
+        return 1.0
+
+    fn = RewardFunction(hangs_on_first, timeout=0.3)
+    counts = Counts()
+    group = [sample("a", index=0), sample("b", index=1)]
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="rollout.rewards"):
+        asyncio.run(fn.score_group(None, group, counts))
+    try:
+        assert time.monotonic() - start < 5
+        assert group[0].status == Status.FAILED and group[0].metadata["reward_error"] == "timed out"
+        assert group[1].reward == 1.0 and counts.c == {"reward_failed": 1, "reward_timeout": 1}
+        # It ran in the scorer's own threads, not the event loop's default executor that other rollout code uses.
+        assert all(name.startswith("reward") for name in threads)
+        assert "cannot be stopped" in caplog.text and "1 such calls now" in caplog.text
+    finally:
+        release.set()
+        asyncio.run(fn.close())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), {"score": float("-inf")}])
+def test_a_non_finite_reward_fails_the_sample(bad: Any) -> None:
+    group = [sample("a")]
+    counts = Counts()
+    asyncio.run(RewardFunction(lambda a, s: bad, inline=True).score_group(None, group, counts))
+    assert group[0].status == Status.FAILED and "must be a finite number" in group[0].metadata["reward_error"]
+    assert group[0].reward == 0.0 and counts.c == {"reward_failed": 1}
 
 
 class RewardServer:

@@ -209,7 +209,7 @@ def test_slime_sample_filter_remove_sample_and_post_process_replace_normalisatio
     ctx = hooks_ctx(sample_filter=remove_second, reward_post_process=centre, contracts=contracts)
     groups = groups_of([{"score": 1.0, "pred": "a"}, {"score": 0.0, "pred": None}])
     finish_rollout(ctx, groups)
-    assert [s.loss_mask for s in groups[0]] == [None, [0]] and ctx.counters == {"samples_excluded_from_loss": 1}
+    assert [s.loss_mask for s in groups[0]] == [None, [0]] and ctx.counters["samples_excluded_from_loss"] == 1
     assert [(s.reward, s.metadata["raw_reward"]) for s in groups[0]] == [(0.5, 1.0), (-0.5, 0.0)]
     data = build_train_data(groups, reward_key="score")
     assert data.reward_normalized == [True, True] and data.raw_rewards == [0.5, -0.5]

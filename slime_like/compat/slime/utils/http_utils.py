@@ -2,6 +2,7 @@
 
 Inside a rollout they use its HTTP session and hold one of its concurrency slots per request, as slime's
 shared client is bounded by --sglang-server-concurrency x servers; outside one, a short-lived session.
+A request to the rollout's router or one of its servers carries the run's secret; one to any other URL does not.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from typing import Any
 import aiohttp
 
 from rollout.context import current_context
+from slime_like.core.secret import auth_headers, same_origin
 
 logger = logging.getLogger(__name__)
 
 
 async def _request(method: str, url: str, payload: Any = None, headers: dict[str, str] | None = None) -> Any:
     ctx = current_context()
+    if ctx is not None and same_origin(url, [ctx.router_url, *ctx.server_urls]):
+        # slime plugins post to the router by URL; the secret must never reach a third-party endpoint.
+        headers = {**auth_headers(), **(headers or {})}
     if ctx is not None and ctx.loop is asyncio.get_running_loop():
         async with ctx.semaphore:
             return await _send(ctx.session, method, url, payload, headers)
@@ -30,7 +35,11 @@ async def _request(method: str, url: str, payload: Any = None, headers: dict[str
 async def _send(
     session: aiohttp.ClientSession, method: str, url: str, payload: Any, headers: dict[str, str] | None
 ) -> Any:
-    call = session.post(url, json=payload or {}, headers=headers) if method == "POST" else session.get(url)
+    call = (
+        session.post(url, json=payload or {}, headers=headers)
+        if method == "POST"
+        else session.get(url, headers=headers)
+    )
     async with call as resp:
         resp.raise_for_status()
         text = await resp.text()
