@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import subprocess
 import sys
 import time
@@ -16,8 +18,11 @@ import psutil
 import pytest
 
 from rollout.sglang_client import list_workers
+from slime_like.core.secret import API_KEY_ENV
 from tests.conftest import REPO_ROOT
 from tools.simulated_cluster import RAY_ENV, start_cluster
+
+KEY = secrets.token_urlsafe(16)
 
 # Deterministic and spread out: greedy responses (top-k 1), rewards that differ between prompts, a batch-normalised
 # estimator (a greedy group has one response, so a group baseline would leave nothing to learn).
@@ -53,10 +58,10 @@ def cluster() -> Iterator[SimpleNamespace]:
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
-def job(model: Path, task: Path, out: Path, *extra: str) -> list[str]:
-    """`python -m slime_like.train` for 2 rollouts, disaggregated: DP=2 trainer, two engines, the weight check."""
+def job(model: Path, task: Path, out: Path, *extra: str, module: str = "slime_like.train") -> list[str]:
+    """`python -m <module>` for 2 rollouts, disaggregated: DP=2 trainer, two engines, the weight check."""
     return [
-        sys.executable, "-m", "slime_like.train",
+        sys.executable, "-m", module,
         "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
@@ -69,7 +74,8 @@ def job(model: Path, task: Path, out: Path, *extra: str) -> list[str]:
 
 
 def start(cmd: list[str], task: Path, ray_address: str | None) -> subprocess.Popen[str]:
-    env = {**os.environ, **RAY_ENV, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
+    """Start the driver; the run's secret is ours, so this process can ask its router too."""
+    env = {**os.environ, **RAY_ENV, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1", API_KEY_ENV: KEY}
     env.pop("RAY_ADDRESS", None)
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
@@ -106,10 +112,11 @@ def raylet_pid(node: object) -> int:
 
 
 def test_loop_places_trainer_and_engines_on_their_nodes(
-    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path
+    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ray._private import state
 
+    monkeypatch.setenv(API_KEY_ENV, KEY)
     proc = start(job(tiny_qwen3, task, tmp_path / "cluster"), task, cluster.cluster.address)
     try:
         placed = wait_for_placement(tmp_path / "cluster", proc)
@@ -151,11 +158,17 @@ def test_loop_places_trainer_and_engines_on_their_nodes(
     assert any(r.get("train/grad_norm", 0) > 0 for r in on_cluster)  # it learned something: the check was real
 
 
-def test_an_engine_spans_two_nodes(cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+def test_an_engine_spans_two_nodes(
+    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One engine of two ranks (SGLang's CPU engine runs a TP rank per process) over the two 1-CPU nodes:
-    node rank 1 joins node rank 0's rendezvous, and weight updates reach both ranks."""
+    node rank 1 joins node rank 0's rendezvous, and weight updates reach both ranks; the one-step-ahead loop."""
+    monkeypatch.setenv(API_KEY_ENV, KEY)
     out = tmp_path / "wide"
-    cmd = job(tiny_qwen3, task, out, "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "2")
+    cmd = job(
+        tiny_qwen3, task, out, "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "2",
+        module="slime_like.train_async",
+    )  # fmt: skip
     proc = start(cmd, task, cluster.cluster.address)
     try:
         placed = wait_for_placement(out, proc)
@@ -167,9 +180,9 @@ def test_an_engine_spans_two_nodes(cluster: SimpleNamespace, tiny_qwen3: Path, t
     finally:
         proc.kill()
     assert output.count("servers match the trainer") >= 3, output[-4000:]
-    log = (out / "logs").glob("sglang_*.log")
-    commands = [next(open(f)).strip() for f in log]
-    assert sorted(c.split("--node-rank ")[1].split()[0] for c in commands) == ["0", "1"]
+    # Each node's process was started as its node rank of a two-node engine (the command heads its log).
+    ranks = [re.search(r"--nnodes 2 --node-rank (\d)", f.read_text())[1] for f in (out / "logs").glob("sglang_*.log")]
+    assert sorted(ranks) == ["0", "1"]
 
 
 def test_tensor_transport_across_nodes_is_refused_before_anything_starts(
