@@ -162,12 +162,13 @@ def test_an_engine_spans_two_nodes(
     cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One engine of two ranks (SGLang's CPU engine runs a TP rank per process) over the two 1-CPU nodes:
-    node rank 1 joins node rank 0's rendezvous, and weight updates reach both ranks; the one-step-ahead loop."""
+    node rank 1 joins node rank 0's rendezvous, and weight updates (from disk: the simulated nodes share a
+    filesystem, which the run checks) reach both ranks; the one-step-ahead loop."""
     monkeypatch.setenv(API_KEY_ENV, KEY)
     out = tmp_path / "wide"
     cmd = job(
         tiny_qwen3, task, out, "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "2",
-        module="slime_like.train_async",
+        "--update-weight-transport", "disk", "--save-debug-rollout-data", module="slime_like.train_async",
     )  # fmt: skip
     proc = start(cmd, task, cluster.cluster.address)
     try:
@@ -183,6 +184,12 @@ def test_an_engine_spans_two_nodes(
     # Each node's process was started as its node rank of a two-node engine (the command heads its log).
     ranks = [re.search(r"--nnodes 2 --node-rank (\d)", f.read_text())[1] for f in (out / "logs").glob("sglang_*.log")]
     assert sorted(ranks) == ["0", "1"]
+    # One step ahead: rollout 1 was generated while rollout 0 trained, so both ran on weight version 0.
+    dumps = sorted((out / "rollouts").glob("rollout_*.jsonl"))
+    versions = [{json.loads(line)["weight_version"] for line in f.read_text().splitlines()} for f in dumps]
+    assert versions == [{0}, {0}]
+    first = next(r for r in metrics(out) if "train/loss" in r)
+    assert first["train/train_rollout_logprob_abs_diff"] < 1e-4  # the two-rank engine agrees with Megatron
 
 
 def test_tensor_transport_across_nodes_is_refused_before_anything_starts(
