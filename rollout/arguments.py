@@ -44,6 +44,19 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["round_robin", "cache_aware", "random", "power_of_two"],
         help="how sglang-router spreads requests (cache_aware keeps a prefix on one server: good for multi-turn)",
     )
+    f = parser.add_argument_group("fault tolerance (slime's names and defaults)")
+    f.add_argument(
+        "--use-fault-tolerance",
+        action="store_true",
+        help="watch every engine (/health_generate); a dead or hung one leaves the router, is restarted on its "
+        "slots and rejoins at the next weight update with the trainer's weights; generate requests it held are "
+        "retried on the others",
+    )
+    f.add_argument("--rollout-health-check-interval", type=float, default=30.0, help="seconds between checks")
+    f.add_argument(
+        "--rollout-health-check-timeout", type=float, default=30.0, help="seconds an engine has to answer a check"
+    )
+    f.add_argument("--rollout-health-check-first-wait", type=float, default=0.0, help="seconds before the first check")
     d = parser.add_argument_group("dynamic sampling and partial rollout")
     d.add_argument(
         "--over-sampling-batch-size",

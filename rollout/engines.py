@@ -122,6 +122,8 @@ class Engine:
     slots: list[list[Slot]]
     url: str = ""
     pids: list[int | None] = field(default_factory=list)
+    dead: bool = False  # failed a health check: out of the router, its processes stopped
+    joining: bool = False  # restarted: serves once the next weight update has given it the trainer's weights
 
     def describe(self) -> str:
         """`engine i: URL on node ... (+ nodes ...)` for the start-up placement lines."""
@@ -157,14 +159,18 @@ def base_gpu_id(part: list[Slot]) -> int | None:
 
 
 def start_engines(
-    launch: EngineLaunch, engine_slots: list[list[Slot]], use_gpu: bool, env: dict[str, str]
+    launch: EngineLaunch,
+    engine_slots: list[list[Slot]],
+    use_gpu: bool,
+    env: dict[str, str],
+    indices: list[int] | None = None,
 ) -> list[Engine]:
     """Create every engine's actors on their nodes, start all SGLang processes at once and wait; on any failure
-    stop what started and raise, naming the engine and its nodes."""
+    stop what started and raise, naming the engine and its nodes. `indices` numbers them (default 0, 1, ...)."""
     remote = ray.remote(EngineNode)
     env = {**env, **(NOSET_VISIBLE_DEVICES if use_gpu else {})}
     engines = []
-    for index, slots in enumerate(engine_slots):
+    for index, slots in zip(indices or range(len(engine_slots)), engine_slots, strict=True):
         parts = split_by_node(slots)
         actors = [remote.options(**slot_options(p[0], ENGINE_SHARE, use_gpu, env)).remote() for p in parts]
         engines.append(Engine(index, actors, parts))

@@ -59,11 +59,15 @@ async def abort_rid(ctx: RolloutContext, rid: str) -> None:
             logger.debug("abort of %s failed: %s", rid, exc)
 
 
-async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int = 3) -> dict[str, Any]:
+async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
     """POST /generate with retries on connection errors and 5xx answers; each attempt has its own rid.
 
     Raises AbortedBeforeSending when the rollout is aborting, EngineError when every attempt failed.
     """
+    if retries is None:
+        # With --use-fault-tolerance a dead engine stays in the router until its next health check: keep retrying
+        # (about a minute) so its requests land on the others.
+        retries = 12 if getattr(ctx.args, "use_fault_tolerance", False) else 3
     delay = 0.5
     base_rid = payload.get("rid") or uuid.uuid4().hex
     for attempt in range(retries + 1):
@@ -87,7 +91,7 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
             ctx.count("generate_retries")
             logger.warning("%s; retry %d/%d in %.1fs", error, attempt + 1, retries, delay)
             await asyncio.sleep(delay)
-            delay *= 2
+            delay = min(2 * delay, 5.0)
     raise EngineError(error)
 
 

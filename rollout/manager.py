@@ -23,6 +23,7 @@ from rollout.context import RolloutContext, running
 from rollout.engines import Engine, EngineLaunch, start_engines, start_router, stop_engines
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
+from rollout.health import HealthMonitor
 from rollout.hooks import RolloutHooks, load_hooks
 from rollout.metrics import rollout_metrics
 from rollout.postprocess import finish_rollout
@@ -91,6 +92,9 @@ class RolloutManager:
             for name, path in getattr(args, "eval_datasets", [])
         }
         self.engines: list[Engine] = []
+        self._engines_lock = threading.Lock()
+        self.monitor: HealthMonitor | None = None
+        self.engine_failures = self.engines_restarted = 0
         self.router: Any = None  # a local SGLangRouter (external servers) or a RouterHost actor
         self._external = server_urls is not None
         self._server_urls = list(server_urls or [])
@@ -134,6 +138,7 @@ class RolloutManager:
             log_dir=log_dir,
             startup_timeout=self.args.sglang_startup_timeout,
         )
+        self._launch, self._use_gpu, self._env = launch, use_gpu, env
         self.engines = start_engines(launch, engine_slots, use_gpu, env)
         try:
             self._server_urls = [e.url for e in self.engines]
@@ -144,6 +149,72 @@ class RolloutManager:
         except BaseException:
             self.shutdown()
             raise
+        if self.args.use_fault_tolerance:
+            self.monitor = HealthMonitor(
+                lambda: [e for e in self.engines if not e.dead and not e.joining],
+                self._check_engine,
+                self._engine_failed,
+                self.args.rollout_health_check_interval,
+                self.args.rollout_health_check_first_wait,
+            )
+            self.monitor.start()
+
+    def _check_engine(self, engine: Engine) -> None:
+        """Raise unless every node's SGLang process runs and node rank 0 generates within the timeout."""
+        timeout = self.args.rollout_health_check_timeout
+        if not all(ray.get([a.alive.remote() for a in engine.parts], timeout=timeout)):
+            raise EngineError(f"{engine.describe()}: its SGLang process exited")
+        client.health_generate(engine.url, timeout)
+
+    def _engine_failed(self, engine: Engine, error: Exception) -> None:
+        """Take a failed engine out of the router and stop its processes; it restarts before the next update."""
+        with self._engines_lock:
+            if engine.dead or engine not in self.engines:
+                return
+            engine.dead = True
+            self.engine_failures += 1
+        logger.warning("%s failed its health check (%s): taken out of the router, restarted before the next "
+                       "weight update", engine.describe(), error)  # fmt: skip
+        try:
+            ray.get(self.router.remove_worker.remote(engine.url), timeout=60)
+        except Exception as exc:  # the router may have dropped it already
+            logger.warning("removing %s from the router: %r", engine.url, exc)
+        stop_engines([engine], timeout=30)
+
+    def recover_engines(self) -> list[str]:
+        """Before a weight update: pause the health checks, check every engine once more, restart every dead one on
+        its slots (out of the router until `rejoin_engines`); returns every engine's URL, the restarted ones' new."""
+        if self.monitor is not None:
+            self.monitor.pause()
+        for engine in [e for e in self.engines if not e.dead]:  # one that died since the last check must not
+            try:  # take the update down with it
+                self._check_engine(engine)
+            except Exception as error:
+                self._engine_failed(engine, error)
+        with self._engines_lock:
+            dead = [e for e in self.engines if e.dead]
+        if dead:
+            slots = [[slot for part in e.slots for slot in part] for e in dead]
+            fresh = start_engines(self._launch, slots, self._use_gpu, self._env, [e.index for e in dead])
+            with self._engines_lock:
+                for new in fresh:
+                    new.joining = True
+                    self.engines[new.index] = new
+                    logger.info("restarted %s; it serves after this weight update", new.describe())
+            self.engines_restarted += len(fresh)
+            self._server_urls = [e.url for e in self.engines]
+        return self.server_urls()
+
+    def rejoin_engines(self) -> int:
+        """After a weight update: restarted engines (now at the trainer's weights) join the router; the health
+        checks resume. Returns how many joined."""
+        joining = [e for e in self.engines if e.joining]
+        for engine in joining:
+            ray.get(self.router.add_worker.remote(engine.url))
+            engine.joining = False
+        if self.monitor is not None:
+            self.monitor.resume()
+        return len(joining)
 
     def _start_local_router(self, log_dir: Path) -> None:
         from rollout.router import SGLangRouter
@@ -229,6 +300,9 @@ class RolloutManager:
         metrics["rollout/time"] = elapsed
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(elapsed, 1e-9)
         metrics["rollout/buffer_groups"] = len(self.buffer)
+        if self.monitor is not None:
+            metrics["rollout/engine_failures"] = self.engine_failures
+            metrics["rollout/engines_restarted"] = self.engines_restarted
         metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
         self._dump(f"rollout_{rollout_id:06d}", groups)
         return groups, metrics
@@ -285,6 +359,8 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stop the router and every engine this manager started; release the reward backend."""
+        if self.monitor is not None:
+            self.monitor.stop()
         try:
             self._run(self.hooks.close())
         except Exception as exc:  # shutting down: report, then still stop the processes

@@ -68,6 +68,12 @@ def get(url: str, path: str, timeout: float = 10.0) -> Any:
     return _answer(resp, f"{url}{path}")
 
 
+def health_generate(url: str, timeout: float) -> None:
+    """GET /health_generate: the server generates a token (or is already generating); EngineError if it does not
+    answer 200 within `timeout`."""
+    get(url, "/health_generate", timeout=timeout)
+
+
 def on_all(urls: list[str], fn: Callable[..., Any], *args: Any) -> list[Any]:
     """Call fn(url, *args) for every server concurrently; re-raise the first error."""
     with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:

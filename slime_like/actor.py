@@ -117,6 +117,7 @@ class TrainActor:
             self.custom_advantage, contract = load_hook(path, "--custom-advantage-function-path", api, *ADV_SIG)
             self.slime_advantage = contract == "slime"
         self.transport = None
+        self.transport_urls: list[str] = []  # the servers the transport was made for
 
     def _optimizer_settings(self, lr: float):
         from slime_like.megatron.cpu_compat import transformer_engine_available
@@ -330,8 +331,12 @@ class TrainActor:
         """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the
         gather), retrying and falling back as the weight-update flags say; optionally check the result."""
         start = time.monotonic()
+        if self.transport is not None and server_urls != self.transport_urls:  # an engine was restarted
+            self.transport.close()
+            self.transport = None
         if self.transport is None:
             self.transport = self._make_transport(server_urls, transport, output_dir)
+            self.transport_urls = list(server_urls)
         used = self.transport.update(self.engine.export_hf_weights, version)
         if self.args.check_weight_update:
             worst = self.check_weights(server_urls, f"after the update to version {version}")

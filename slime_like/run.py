@@ -158,9 +158,16 @@ class Run:
     def update_weights(self, rollout_id: int) -> float:
         """Push the trained weights into every server, tagged with version rollout_id + 1; then, with
         --offload-train, the trainer's memory leaves the GPU until the next train."""
+        if self.args.use_fault_tolerance:  # engines that failed a health check restart now, on their slots
+            urls = self.wait(self.rollout.recover_engines.remote(), "dead engines restarted")
+            if urls != self.server_urls:
+                self.server_urls = urls
+                self.engines = ray.get(self.rollout.engine_layout.remote())
         seconds = self.trainer.update_weights(
             self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir
         )
+        if self.args.use_fault_tolerance:  # the restarted ones now hold these weights: they may serve
+            ray.get(self.rollout.rejoin_engines.remote())
         self.weights_pushed = True
         self._offload_trainer()
         return seconds

@@ -63,6 +63,8 @@ _MOUNTS = (
     f"mount -t tmpfs -o size={TMPFS_MB}m,mode=1777 sandbox /tmp && mount -t tmpfs -o size=1m sandbox /dev/shm "
     '&& cd /tmp && exec "$@"'
 )
+# The same without the private /tmp, for an interpreter that lives under /tmp (a checkout there would vanish).
+_MOUNTS_SHM_ONLY = 'mount -t tmpfs -o size=1m sandbox /dev/shm && exec "$@"'
 
 
 class SandboxTimeout(TimeoutError):
@@ -77,11 +79,16 @@ def isolation_prefix() -> tuple[str, ...]:
     if unshare is None:
         logger.warning("unshare is not installed: the Python sandbox only refuses sockets in-process")
         return ()
+    works = lambda prefix: subprocess.run([*prefix, sys.executable, "-I", "-c", "pass"], capture_output=True)  # noqa: E731
     full = (unshare, "-rnmpf", "--kill-child", "--mount-proc", "sh", "-c", _MOUNTS, "sh")
-    if subprocess.run([*full, "true"], capture_output=True).returncode == 0:
+    if works(full).returncode == 0:
         return full
+    shm_only = (unshare, "-rnmpf", "--kill-child", "--mount-proc", "sh", "-c", _MOUNTS_SHM_ONLY, "sh")
+    if works(shm_only).returncode == 0:
+        logger.warning("the Python sandbox keeps the host's /tmp: this interpreter (%s) lives there", sys.executable)
+        return shm_only
     logger.warning("unshare -rnmpf is not available: the Python sandbox sees the host's processes and /tmp")
-    if subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
+    if works((unshare, "-rn")).returncode == 0:
         return (unshare, "-rn")
     logger.warning("unshare -rn is not available: the Python sandbox only refuses sockets in-process")
     return ()
@@ -121,7 +128,7 @@ async def run_python(
 ) -> str:
     """Run `code`; returns its exit status and combined output (truncated). SandboxTimeout past `timeout`."""
     prefix = isolation_prefix()
-    private_tmp = "--mount-proc" in prefix
+    private_tmp = _MOUNTS in prefix
     with tempfile.TemporaryDirectory(prefix="sandbox_") as workdir:  # its cwd without a private /tmp
         cmd = [*prefix, sys.executable, "-I", "-c", _BOOTSTRAP]
         cmd += [str(memory_mb * 1024 * 1024), str(max(1, int(timeout) + 1)), str(MAX_PROCS)]

@@ -158,40 +158,6 @@ def test_loop_places_trainer_and_engines_on_their_nodes(
     assert any(r.get("train/grad_norm", 0) > 0 for r in on_cluster)  # it learned something: the check was real
 
 
-def test_an_engine_spans_two_nodes(
-    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One engine of two ranks (SGLang's CPU engine runs a TP rank per process) over the two 1-CPU nodes:
-    node rank 1 joins node rank 0's rendezvous, and weight updates (from disk: the simulated nodes share a
-    filesystem, which the run checks) reach both ranks; the one-step-ahead loop."""
-    monkeypatch.setenv(API_KEY_ENV, KEY)
-    out = tmp_path / "wide"
-    cmd = job(
-        tiny_qwen3, task, out, "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "2",
-        "--update-weight-transport", "disk", "--save-debug-rollout-data", module="slime_like.train_async",
-    )  # fmt: skip
-    proc = start(cmd, task, cluster.cluster.address)
-    try:
-        placed = wait_for_placement(out, proc)
-        [engine] = placed["engines"]
-        assert sorted(engine["nodes"]) == sorted(n.node_id for n in cluster.engines)
-        assert all(psutil.pid_exists(pid) for pid in engine["pids"])
-        assert [w["url"] for w in list_workers(placed["router"]["url"])] == [engine["url"]]
-        output = finish(proc)
-    finally:
-        proc.kill()
-    assert output.count("servers match the trainer") >= 3, output[-4000:]
-    # Each node's process was started as its node rank of a two-node engine (the command heads its log).
-    ranks = [re.search(r"--nnodes 2 --node-rank (\d)", f.read_text())[1] for f in (out / "logs").glob("sglang_*.log")]
-    assert sorted(ranks) == ["0", "1"]
-    # One step ahead: rollout 1 was generated while rollout 0 trained, so both ran on weight version 0.
-    dumps = sorted((out / "rollouts").glob("rollout_*.jsonl"))
-    versions = [{json.loads(line)["weight_version"] for line in f.read_text().splitlines()} for f in dumps]
-    assert versions == [{0}, {0}]
-    first = next(r for r in metrics(out) if "train/loss" in r)
-    assert first["train/train_rollout_logprob_abs_diff"] < 1e-4  # the two-rank engine agrees with Megatron
-
-
 def test_tensor_transport_across_nodes_is_refused_before_anything_starts(
     cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path
 ) -> None:
@@ -204,26 +170,53 @@ def test_tensor_transport_across_nodes_is_refused_before_anything_starts(
     assert not (tmp_path / "tensor" / "placement.json").exists()  # no engine or trainer rank was started
 
 
-def test_lost_node_stops_the_run_naming_it(
-    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path
+def test_an_engine_spans_two_nodes_until_a_node_is_lost(
+    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Last in this module: it removes a node of the shared cluster."""
-    out = tmp_path / "lost"
-    proc = start(job(tiny_qwen3, task, out, "--num-rollout", "200"), task, cluster.cluster.address)
+    """One engine of two ranks (SGLang's CPU engine runs a TP rank per process) over the two 1-CPU nodes, in the
+    one-step-ahead loop: node rank 1 joins node rank 0's rendezvous, and weight updates (from disk: the simulated
+    nodes share a filesystem, which the run checks) reach both ranks. Then one of its nodes is removed: the run
+    stops in bounded time naming the node and the engine. Last in this module: it removes a node of the cluster."""
+    monkeypatch.setenv(API_KEY_ENV, KEY)
+    out = tmp_path / "wide"
+    cmd = job(
+        tiny_qwen3, task, out, "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node", "2",
+        "--update-weight-transport", "disk", "--save-debug-rollout-data", "--num-rollout", "200",
+        module="slime_like.train_async",
+    )  # fmt: skip
+    proc = start(cmd, task, cluster.cluster.address)
     try:
         placed = wait_for_placement(out, proc)
+        [engine] = placed["engines"]
+        assert sorted(engine["nodes"]) == sorted(n.node_id for n in cluster.engines)
+        assert all(psutil.pid_exists(pid) for pid in engine["pids"])
+        assert [w["url"] for w in list_workers(placed["router"]["url"])] == [engine["url"]]
+        deadline = time.monotonic() + 300
+        while len([r for r in metrics(out) if "train/loss" in r] if (out / "metrics.jsonl").exists() else []) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "no two steps"
+            time.sleep(0.5)
         victim = cluster.engines[1]
-        index = next(i for i, e in enumerate(placed["engines"]) if e["nodes"] == [victim.node_id])
         cluster.cluster.remove_node(victim, allow_graceful=False)
         removed = time.monotonic()
         output, _ = proc.communicate(timeout=120)
         stopped = time.monotonic() - removed
     finally:
         proc.kill()
+    # Each node's process was started as its node rank of a two-node engine (the command heads its log).
+    ranks = [re.search(r"--nnodes 2 --node-rank (\d)", f.read_text())[1] for f in (out / "logs").glob("sglang_*.log")]
+    assert sorted(ranks) == ["0", "1"]
+    # One step ahead: rollout 1 was generated while rollout 0 trained, so both ran on weight version 0.
+    dumps = sorted((out / "rollouts").glob("rollout_*.jsonl"))[:2]
+    versions = [{json.loads(line)["weight_version"] for line in f.read_text().splitlines()} for f in dumps]
+    assert versions == [{0}, {0}]
+    first = next(r for r in metrics(out) if "train/loss" in r)
+    assert first["train/train_rollout_logprob_abs_diff"] < 1e-4  # the two-rank engine agrees with Megatron
+    # Before the first rollout and after each of the two updates, both ranks matched the trainer.
+    assert output.count("servers match the trainer") >= 3, output[-4000:]
+    # The lost node stopped the run, named with what it held; its SGLang process went with it.
     assert proc.returncode != 0
     errors = "\n".join(line for line in output.splitlines() if "Error" in line)[-4000:]
-    assert "NodeLostError" in output and victim.node_id[:8] in output, errors
-    assert f"engine {index}" in output, errors
+    assert "NodeLostError" in output and victim.node_id[:8] in output and "engine 0" in output, errors
     assert stopped < 90, f"took {stopped:.0f} s to stop"
-    # The engine's SGLang process went with its node.
-    assert not psutil.pid_exists(placed["engines"][index]["pids"][0])
+    rank = engine["nodes"].index(victim.node_id)
+    assert not psutil.pid_exists(engine["pids"][rank])

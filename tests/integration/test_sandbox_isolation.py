@@ -7,10 +7,12 @@ import os
 
 import pytest
 
+from plugins.tools import python_sandbox
 from plugins.tools.python_sandbox import MAX_PROCS, isolation_prefix, run_python
 from slime_like.core.secret import API_KEY_ENV
 
 ISOLATED = "--mount-proc" in isolation_prefix()
+PRIVATE_TMP = python_sandbox._MOUNTS in isolation_prefix()  # not when the interpreter lives under /tmp
 
 
 def test_the_code_gets_no_part_of_the_runs_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,9 +28,12 @@ def test_the_code_sees_no_other_process_and_a_private_tmp(monkeypatch: pytest.Mo
         "import os\n"
         "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
         "seen = any(b'sandbox-must-not' in open(f'/proc/{p}/environ', 'rb').read() for p in pids)\n"
-        "print(len(pids), os.listdir('/tmp'), os.listdir('/dev/shm'), seen)"
+        "print(len(pids), len(os.listdir('/tmp')), os.listdir('/dev/shm'), seen)"
     )
-    assert asyncio.run(run_python(code)).splitlines()[1] == "1 [] [] False"
+    pids, tmp_entries, shm, seen = asyncio.run(run_python(code)).splitlines()[1].split(" ", 3)
+    assert (pids, shm, seen) == ("1", "[]", "False")
+    if PRIVATE_TMP:  # else the host's /tmp stays: this interpreter lives there
+        assert tmp_entries == "0"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="the kernel exempts root from RLIMIT_NPROC, even in a user namespace")
