@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from slime_like.algorithms.aggregation import token_weights
 from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
+from tests.loss_rows import loss_rows
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -27,16 +27,6 @@ def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
-def _rows(masks: list[torch.Tensor], mode: str = "token-mean", **extra) -> list[dict]:
-    weights, metric = token_weights(masks, mode), token_weights(masks, "token-mean")
-    rows = []
-    for i, (m, w, mw) in enumerate(zip(masks, weights, metric, strict=True)):
-        row = {"response_length": len(m), "loss_mask": m, "token_weight": w, "metric_weight": mw}
-        row.update({k: v[i] for k, v in extra.items()})
-        rows.append(row)
-    return rows
-
-
 def test_policy_loss_entropy_and_kl_by_hand() -> None:
     # One sample: prompt of 2 tokens -> the engine gives 3 log-probs, the last 2 are the response.
     # old = current (ratio 1), A = [1, -1], token-mean weights [0.5, 0.5], entropy [2, 1] with coef 0.1,
@@ -46,7 +36,7 @@ def test_policy_loss_entropy_and_kl_by_hand() -> None:
     lp = torch.tensor([-9.0, -1.0, -2.0], requires_grad=True)
     ent = torch.tensor([5.0, 2.0, 1.0], requires_grad=True)
     resp = lp.detach()[-2:]
-    rows = _rows(
+    rows = loss_rows(
         [torch.ones(2)],
         old_log_probs=[resp.clone()],
         advantages=[torch.tensor([1.0, -1.0])],
@@ -66,7 +56,7 @@ def test_policy_loss_entropy_and_kl_by_hand() -> None:
 def test_is_weight_scales_the_policy_term() -> None:
     # IS weights [2, 0]: pg per token = w * (-A * r) = [2 * -1, 0 * 1] = [-2, 0]; loss = 0.5 * -2 = -1.
     lp = torch.tensor([-1.0, -2.0], requires_grad=True)
-    rows = _rows(
+    rows = loss_rows(
         [torch.ones(2)],
         old_log_probs=[lp.detach().clone()],
         advantages=[torch.tensor([1.0, -1.0])],
@@ -84,7 +74,7 @@ def test_micro_batch_shares_add_up_to_the_whole_step() -> None:
     torch.manual_seed(0)
     masks = [torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0]), torch.tensor([1.0, 1.0, 1.0, 1.0])]
     lps = [torch.randn(len(m) + 1) for m in masks]
-    rows = _rows(
+    rows = loss_rows(
         masks,
         "seq-mean-token-mean",
         old_log_probs=[lp[1:] + 0.1 * torch.randn(len(lp) - 1) for lp in lps],
@@ -105,7 +95,7 @@ def test_gspo_micro_batch_gives_each_sample_its_sequence_ratio() -> None:
     # Sample 2: log-ratios [0.4] -> s = exp(0.4) = 1.49 > 1.2, A = 1: clipped, -1.2. Token-mean over 3 tokens:
     # (-2 exp(0.1) - 1.2) / 3, and the clip fraction is 1/3.
     lps = [torch.tensor([-5.0, 0.1, 0.1]), torch.tensor([-5.0, 0.4])]
-    rows = _rows(
+    rows = loss_rows(
         [torch.ones(2), torch.ones(1)],
         old_log_probs=[torch.zeros(2), torch.zeros(1)],
         advantages=[torch.ones(2), torch.ones(1)],
@@ -118,7 +108,7 @@ def test_gspo_micro_batch_gives_each_sample_its_sequence_ratio() -> None:
 def test_sft_loss_is_masked_nll() -> None:
     # Response log-probs [-2, -3, -4] with the middle token masked (a user turn): token-mean NLL (2 + 4)/2 = 3.
     lp = torch.tensor([-1.0, -2.0, -3.0, -4.0], requires_grad=True)
-    rows = _rows([torch.tensor([1.0, 0.0, 1.0])])
+    rows = loss_rows([torch.tensor([1.0, 0.0, 1.0])])
     loss, stats = sft_loss_fn()([lp], rows)
     assert loss.item() == pytest.approx(3.0)
     assert stats["sft_nll"] == pytest.approx(3.0)
@@ -129,7 +119,7 @@ def test_sft_loss_is_masked_nll() -> None:
 def test_value_loss_fn_token_mean() -> None:
     # Values [1.1, 5.0 (padding)] vs return 2 from old 1 (clip 0.2): 0.5 * 0.81 on the one real token.
     values = torch.tensor([0.0, 1.1, 5.0], requires_grad=True)
-    rows = _rows([torch.tensor([1.0, 0.0])], old_values=[torch.ones(2)], returns=[torch.full((2,), 2.0)])
+    rows = loss_rows([torch.tensor([1.0, 0.0])], old_values=[torch.ones(2)], returns=[torch.full((2,), 2.0)])
     loss, stats = value_loss_fn(_args())([values], rows)
     assert loss.item() == pytest.approx(0.405)
     assert stats["values"] == pytest.approx(1.1)
@@ -142,7 +132,7 @@ def test_custom_loss_hook_is_masked_and_aggregated() -> None:
         return losses, {"lp": [lp.detach() for lp in log_probs]}
 
     lp = torch.tensor([-7.0, -1.0, -2.0, -3.0], requires_grad=True)
-    rows = _rows([torch.tensor([1.0, 1.0, 0.0])], advantages=[torch.tensor([1.0, 2.0, 5.0])])
+    rows = loss_rows([torch.tensor([1.0, 1.0, 0.0])], advantages=[torch.tensor([1.0, 2.0, 5.0])])
     loss, stats = custom_loss_fn(_args(), hook)([lp], rows, [torch.zeros(4)])
     # token-mean over 2 real tokens: (-1*-1 + -2*-2)/2 = 2.5; metric mean of log pi = -1.5.
     assert loss.item() == pytest.approx(2.5)

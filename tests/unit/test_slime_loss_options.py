@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.algorithms.aggregation import token_weights
 from slime_like.algorithms.loss import policy_loss_fn
 from slime_like.algorithms.opsm import opsm_keep
+from tests.loss_rows import loss_rows
 
 HOOKS = '''
 import torch
@@ -54,22 +54,12 @@ def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
-def _rows(masks: list[torch.Tensor], mode: str, **extra: list) -> list[dict]:
-    weights, metric = token_weights(masks, mode), token_weights(masks, "token-mean")
-    rows = []
-    for i, (m, w, mw) in enumerate(zip(masks, weights, metric, strict=True)):
-        row = {"response_length": len(m), "loss_mask": m, "token_weight": w, "metric_weight": mw}
-        row.update({k: v[i] for k, v in extra.items()})
-        rows.append(row)
-    return rows
-
-
 def test_unbiased_kl_weighs_by_the_ratio_with_its_gradient() -> None:
     # One response of 2 tokens, advantage 0 (no policy-gradient term), k1 KL loss with coefficient 1, token mean.
     # d = logp - ref = [0.5, 0.5]; ratio = exp(logp - old) = [e^0.2, e^-0.5]; KL = ratio * d.
     # loss = 0.5 * 0.5 * (e^0.2 + e^-0.5); d/dlogp (ratio * d) = ratio * (d + 1) -> 0.5 * 1.5 * ratio per token.
     lp = torch.tensor([-1.0, -2.0], requires_grad=True)
-    rows = _rows(
+    rows = loss_rows(
         [torch.ones(2)], "token-mean", old_log_probs=[torch.tensor([-1.2, -1.5])], advantages=[torch.zeros(2)],
         ref_log_probs=[torch.tensor([-1.5, -2.5])],
     )  # fmt: skip
@@ -95,7 +85,7 @@ def test_opsm_masks_negative_advantages_of_drifted_sequences() -> None:
     assert keep.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     # PPO clip (eps 0.2), token mean over 6 tokens. Sample 1: ratio e^-0.5, A = 1 -> -e^-0.5 per token.
     # Sample 2: ratio e, A = -1 -> max(e, 1.2) = e per token. Sample 0 (masked) would add max(e^-0.5, 0.8) = 0.8.
-    rows = _rows([torch.ones(2)] * 3, "token-mean", old_log_probs=old, advantages=adv)
+    rows = loss_rows([torch.ones(2)] * 3, "token-mean", old_log_probs=old, advantages=adv)
     per_sample, zeros = list(lp.split(2)), [torch.zeros(2)] * 3
     loss, stats = policy_loss_fn(_args(use_opsm=True))(per_sample, rows, zeros)
     assert loss.item() == pytest.approx((2 * -math.exp(-0.5) + 2 * math.e) / 6)
@@ -109,7 +99,7 @@ def test_custom_tis_function_rejects_tokens_and_keeps_the_normaliser(hooks: str)
     # rho = pi_old / mu = [e^1, e^-0.5]: the hook rejects token 0 (rho > 1.5) and weighs token 1 by e^-0.5.
     # The per-sample token mean keeps its denominator 2 (as slime): loss = -e^-0.5 / 2.
     lp = torch.tensor([-1.0, -1.0], requires_grad=True)
-    rows = _rows(
+    rows = loss_rows(
         [torch.ones(2)], "seq-mean-token-mean", old_log_probs=[torch.tensor([-1.0, -1.0])],
         advantages=[torch.ones(2)], rollout_log_probs=[torch.tensor([-2.0, -0.5])], total_length=[5],
     )  # fmt: skip
@@ -129,7 +119,7 @@ def test_custom_pg_loss_reducer_is_scaled_as_slime_scales_it(hooks: str, per_tok
     masks = [torch.ones(2), torch.tensor([1.0, 0.0])]
     mode = "token-mean" if per_token else "seq-mean-token-mean"
     old = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -1.0])]
-    rows = _rows(masks, mode, old_log_probs=old, advantages=[torch.ones(2), torch.tensor([2.0, 7.0])],
+    rows = loss_rows(masks, mode, old_log_probs=old, advantages=[torch.ones(2), torch.tensor([2.0, 7.0])],
                  total_length=[4, 4])  # fmt: skip
     args = _args(
         custom_pg_loss_reducer_function_path=f"{hooks}.token_sum", calculate_per_token_loss=per_token,
