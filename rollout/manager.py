@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,14 @@ class RolloutManager:
             raise EngineError(f"{engine.describe()}: its SGLang process exited")
         client.health_generate(engine.url, timeout)
 
+    def _probe(self, engine: Engine) -> Exception | None:
+        """The health check's failure, or None."""
+        try:
+            self._check_engine(engine)
+        except Exception as error:  # any failure means the engine cannot serve
+            return error
+        return None
+
     def _engine_failed(self, engine: Engine, error: Exception) -> None:
         """Take a failed engine out of the router and stop its processes; it restarts before the next update."""
         with self._engines_lock:
@@ -186,10 +195,13 @@ class RolloutManager:
         its slots (out of the router until `rejoin_engines`); returns every engine's URL, the restarted ones' new."""
         if self.monitor is not None:
             self.monitor.pause()
-        for engine in [e for e in self.engines if not e.dead]:  # one that died since the last check must not
-            try:  # take the update down with it
-                self._check_engine(engine)
-            except Exception as error:
+        # One that died since the last check must not take the update down with it: check all, side by side
+        # (/health_generate takes a second or more each).
+        live = [e for e in self.engines if not e.dead]
+        with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
+            errors = list(pool.map(self._probe, live))
+        for engine, error in zip(live, errors, strict=True):
+            if error is not None:
                 self._engine_failed(engine, error)
         with self._engines_lock:
             dead = [e for e in self.engines if e.dead]
