@@ -90,23 +90,23 @@ class Placement:
         """The rollout slots cut into engines of `per_engine` slots."""
         return [self.rollout[i : i + per_engine] for i in range(0, len(self.rollout) - per_engine + 1, per_engine)]
 
-    def nodes(self) -> dict[str, list[str]]:
-        """node id -> what we placed there, e.g. `trainer ranks 0-1` (the start-up lines and node-loss errors)."""
+    def nodes(self, engines: list[dict[str, Any]] | None = None) -> dict[str, list[str]]:
+        """node id -> what we placed there, e.g. `trainer ranks 0-1`, `engine 0 (URL)` (start-up lines, node loss)."""
         held: dict[str, list[str]] = defaultdict(list)
         by_node: dict[str, list[int]] = defaultdict(list)
         for rank, slot in enumerate(self.trainer):
             by_node[slot.node_id].append(rank)
         for node, ranks in by_node.items():
             held[node].append(f"trainer rank{'s' if len(ranks) > 1 else ''} {_span(ranks)}")
+        for i, engine in enumerate(engines or []):
+            for rank, node in enumerate(engine["nodes"]):
+                part = f" node rank {rank}" if len(engine["nodes"]) > 1 else ""
+                held[node].append(f"engine {i}{part} ({engine['url']})")
         return held
 
     def describe(self, engines: list[dict[str, Any]]) -> list[str]:
         """One line per node: its address and what runs there (trainer ranks, engines with their URLs)."""
-        held = self.nodes()
-        for i, engine in enumerate(engines):
-            for rank, node in enumerate(engine["nodes"]):
-                part = f" node rank {rank}" if len(engine["nodes"]) > 1 else ""
-                held[node].append(f"engine {i}{part} ({engine['url']})")
+        held = self.nodes(engines)
         held[self.driver_node].append("driver, rollout manager, router")
         address = {s.node_id: s.node_ip for s in self.trainer + self.rollout}
         return [f"  node {address.get(n, '?')}/{n[:8]}: " + ", ".join(what) for n, what in held.items()]
@@ -115,10 +115,7 @@ class Placement:
         """Nodes we placed something on that Ray no longer lists alive, each with what it held."""
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         ours = {s.node_id: s.node_ip for s in self.trainer + self.rollout}
-        held = self.nodes()
-        for i, engine in enumerate(engines or []):
-            for node in engine["nodes"]:
-                held[node].append(f"engine {i} ({engine['url']})")
+        held = self.nodes(engines)
         return [
             f"node {ip}/{node[:8]} (held {', '.join(held[node]) or 'nothing yet'})"
             for node, ip in ours.items()
