@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -15,20 +14,36 @@ from tools.reference_configs import write_reference_config
 SCRIPTS = sorted(p.name for p in (REPO_ROOT / "scripts").glob("run-*.sh") if not p.name.startswith("run-tiny-cpu"))
 
 
-def dry_run(script: str, hf_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DRY_RUN": "1", "HF_CHECKPOINT": str(hf_dir)}
-    return subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / script), *extra], env=env, capture_output=True, text=True, timeout=120
-    )
+def model_of(script: str) -> str:
+    return script.removeprefix("run-").removesuffix(".sh")
+
+
+# Dry runs with wrong flags or the wrong config: (script, config of model, extra flags).
+BAD = {
+    "contradicting": ("run-qwen3-4B.sh", "qwen3-4B", ("--num-query-groups", "4")),
+    "other_config": ("run-qwen3-8B.sh", "qwen3-4B", ()),
+    "misspelt": ("run-qwen3-4B.sh", "qwen3-4B", ("--tensor-model-paralel-size", "4")),
+    "too_big": ("run-deepseek-v3.sh", "deepseek-v3", ("--gpu-memory-gb", "40")),
+}
 
 
 @pytest.fixture(scope="module")
-def configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("configs")
+def dry_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every script's dry run and every bad one, side by side (each is mostly Python start-up: ~6 s alone)."""
+    configs = tmp_path_factory.mktemp("configs")
     for script in SCRIPTS:
-        model = script.removeprefix("run-").removesuffix(".sh")
-        write_reference_config(model, root / model)
-    return root
+        write_reference_config(model_of(script), configs / model_of(script))
+    cases = {s: (s, model_of(s), ()) for s in SCRIPTS} | BAD
+    procs = {}
+    for name, (script, model, extra) in cases.items():
+        env = {**os.environ, "DRY_RUN": "1", "HF_CHECKPOINT": str(configs / model)}
+        cmd = ["bash", str(REPO_ROOT / "scripts" / script), *extra]
+        procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return done
 
 
 def test_every_model_has_a_script() -> None:
@@ -37,33 +52,35 @@ def test_every_model_has_a_script() -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_script_dry_run_passes(script: str, configs: Path) -> None:
-    out = dry_run(script, configs / script.removeprefix("run-").removesuffix(".sh"))
+def test_script_dry_run_passes(script: str, dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = dry_runs[script]
     assert out.returncode == 0, out.stdout + out.stderr
     assert "dry run: OK, nothing started" in out.stdout
     assert "memory per training GPU" in out.stdout and "placement:" in out.stdout
 
 
-def test_flag_contradicting_the_hf_config_names_both(configs: Path) -> None:
-    out = dry_run("run-qwen3-4B.sh", configs / "qwen3-4B", "--num-query-groups", "4")
+def test_flag_contradicting_the_hf_config_names_both(dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = dry_runs["contradicting"]
     assert out.returncode == 2
     assert "--num-query-groups 4 contradicts num_key_value_heads=8 in the HF config" in out.stderr
 
 
-def test_script_against_another_models_config_fails(configs: Path) -> None:
-    out = dry_run("run-qwen3-8B.sh", configs / "qwen3-4B")
+def test_script_against_another_models_config_fails(dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = dry_runs["other_config"]
     assert out.returncode == 2
     assert "--hidden-size 4096 contradicts hidden_size=2560" in out.stderr
     assert "--untie-embeddings-and-output-weights is set but the HF config has tie_word_embeddings=True" in out.stderr
 
 
-def test_misspelt_flag_fails(configs: Path) -> None:
-    out = dry_run("run-qwen3-4B.sh", configs / "qwen3-4B", "--tensor-model-paralel-size", "4")
+def test_misspelt_flag_fails(dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = dry_runs["misspelt"]
     assert out.returncode == 2 and "unrecognized arguments: --tensor-model-paralel-size 4" in out.stderr
 
 
-def test_plan_that_cannot_fit_is_refused_with_what_to_change(configs: Path) -> None:
-    out = dry_run("run-deepseek-v3.sh", configs / "deepseek-v3", "--gpu-memory-gb", "40")
+def test_plan_that_cannot_fit_is_refused_with_what_to_change(
+    dry_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    out = dry_runs["too_big"]
     assert out.returncode == 1
     assert "raise --tensor-model-parallel-size" in out.stdout
     assert "raise --rollout-num-gpus-per-engine" in out.stdout
