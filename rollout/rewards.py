@@ -11,15 +11,17 @@ import math
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
+from rollout.reward_threads import RewardThreads
 from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 
-# Plain-def reward functions run in threads of their own: one that hangs holds its thread (Python cannot stop a
-# thread), and must not take the event loop's default executor, which other rollout code shares, down with it.
+# Plain-def reward functions run in daemon threads of their own: one that hangs holds its thread (Python cannot stop a
+# thread), and must not take the event loop's default executor, which other rollout code shares, down with it, nor
+# keep the process alive at exit (rollout/reward_threads.py).
 REWARD_THREADS = 32
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -83,7 +85,7 @@ class RewardFunction:
         self.inline = inline  # cheap built-ins run on the loop; user code runs in a thread so it cannot block it
         self.counters = counters if counters is not None else Counter()
         self._on_close = on_close
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: RewardThreads | None = None
         self._stuck: set[Future[Any]] = set()  # calls still running in a thread after their timeout
 
     async def compute(self, args: Any, item: Any) -> Any:
@@ -103,7 +105,7 @@ class RewardFunction:
     async def _in_thread(self, args: Any, item: Any) -> Any:
         """Run a plain-def function in this scorer's threads (with the caller's context variables, as to_thread)."""
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(REWARD_THREADS, thread_name_prefix="reward")
+            self._threads = RewardThreads(REWARD_THREADS, "reward")
         future = self._threads.submit(functools.partial(contextvars.copy_context().run, self.fn, args, item))
         try:
             return await asyncio.wrap_future(future)
@@ -115,7 +117,7 @@ class RewardFunction:
                     "reward function %s still running after --rm-timeout %ss: a plain-def function cannot be "
                     "stopped, so it holds one of %d reward threads until it returns (%d such calls now); make it "
                     "async, or bound its own time",
-                    getattr(self.fn, "__name__", self.fn),
+                    self.name,
                     self.timeout,
                     REWARD_THREADS,
                     len(self._stuck),
@@ -165,10 +167,24 @@ class RewardFunction:
         self.counters.clear()
         return out
 
+    @property
+    def name(self) -> str:
+        """The reward function's name, for messages."""
+        return getattr(self.fn, "__name__", None) or repr(self.fn)
+
     async def close(self) -> None:
-        """Release the backend (HTTP session, worker processes, reward threads)."""
+        """Release the backend (HTTP session, worker processes, reward threads); never waits on a stuck call."""
         if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)  # a hung call's thread cannot be joined
+            running = self._threads.close()  # a hung call's thread cannot be joined, and nothing joins it
+            if running:
+                logger.warning(
+                    "reward function %s: %d call(s) still running at shutdown (%d past --rm-timeout %ss); not "
+                    "waited for, their daemon threads end with the process",
+                    self.name,
+                    running,
+                    len(self._stuck),
+                    self.timeout,
+                )
             self._threads = None
         if self._on_close is not None:
             result = self._on_close()

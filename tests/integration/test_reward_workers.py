@@ -1,9 +1,16 @@
-"""Reward scoring in worker processes: math_verify, reasoning-gym and the built-in rm types, timeouts and errors."""
+"""Reward scoring in worker processes: math_verify, reasoning-gym and the built-in rm types, timeouts and errors;
+a process whose plain-def reward never returns still exits."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,3 +83,47 @@ def test_builtin_rm_types_score_samples() -> None:
     assert asyncio.run(score("deepscaler", "\\boxed{7}", "8")) == 0.0
     assert asyncio.run(score("f1", "<answer>new york</answer>", "New York")) == 1.0
     assert asyncio.run(score("math_verify", "\\boxed{2^{3}}", "8")) == 1.0
+
+
+HUNG_REWARD = """
+import threading
+
+def never_returns(args, sample):
+    if sample.index == 0:
+        threading.Event().wait()  # a plain-def reward that never returns
+    return 1.0
+"""
+
+HUNG_RUN = """
+import asyncio, json, sys
+from argparse import Namespace
+from rollout.rewards import get_reward_function
+from slime_like.core.sample import Sample, Status
+
+args = Namespace(custom_rm_path="hung_rm.never_returns", group_rm=False, rm_timeout=0.5, plugin_api="auto")
+fn = get_reward_function(args)  # as the rollout manager loads --custom-rm-path
+group = [Sample(prompt="q", response="2", label="2", index=i, status=Status.COMPLETED) for i in range(2)]
+asyncio.run(fn.score_group(args, group, lambda key, n=1: None))
+asyncio.run(fn.close())  # what RolloutManager.shutdown does, through RolloutHooks.close
+print(json.dumps([[s.status.value, s.reward] for s in group]), flush=True)
+"""
+
+
+def test_a_process_whose_plain_reward_never_returns_exits_promptly(tmp_path: Path) -> None:
+    (tmp_path / "hung_rm.py").write_text(HUNG_REWARD)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(HUNG_RUN)],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit 30 s after its reward call was timed out: {exc.stderr!r}")
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    # The hung call failed its sample after --rm-timeout, the other was scored, and exit did not wait on the thread.
+    assert json.loads(done.stdout) == [["failed", 0.0], ["completed", 1.0]]
+    assert "reward function never_returns: 1 call(s) still running at shutdown" in done.stderr
+    assert elapsed < 20, f"{elapsed:.1f}s"

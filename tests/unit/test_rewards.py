@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rollout.reward_threads import RewardThreads
 from rollout.rewards import RewardFunction
 from rollout.rm_hub.boxed import dapo_reward, deepscaler_reward, last_boxed
 from rollout.rm_hub.f1 import f1_reward
@@ -159,6 +160,28 @@ def test_a_plain_reward_that_hangs_times_out_in_its_own_threads(caplog: pytest.L
     finally:
         release.set()
         asyncio.run(fn.close())
+
+
+def test_reward_threads_are_daemons_reused_when_idle_and_close_without_waiting() -> None:
+    threads = RewardThreads(2, "rt")
+    release = threading.Event()
+    try:
+        assert threads.submit(lambda: 1).result(5) == 1
+        names = [threads.submit(threading.current_thread).result(5) for _ in range(3)]
+        assert {t.name for t in names} == {"rt_0"} and all(t.daemon for t in names)  # an idle thread is reused
+        stuck = [threads.submit(release.wait) for _ in range(2)]  # both threads now busy
+        queued = threads.submit(lambda: "never run")
+        time.sleep(0.2)
+        assert not queued.done()  # no third thread beyond size
+        start = time.monotonic()
+        running = threads.close()
+        assert time.monotonic() - start < 1 and running == 2
+        assert queued.cancelled() and not any(f.done() for f in stuck)
+        with pytest.raises(RuntimeError, match="closed"):
+            threads.submit(lambda: 1)
+    finally:
+        release.set()
+    assert [f.result(5) for f in stuck] == [True, True]  # a call that was left running still completes
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), {"score": float("-inf")}])
