@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -18,6 +18,8 @@ class RolloutContext:
 
     args: Any
     tokenizer: Any
+    # Read it per request: with --use-fault-tolerance a restarted router may come back on another port, and the
+    # manager then updates every open context.
     router_url: str
     session: aiohttp.ClientSession
     semaphore: asyncio.Semaphore  # bounds in-flight /generate requests (--sglang-server-concurrency x servers)
@@ -32,6 +34,9 @@ class RolloutContext:
     plugin_state: dict[str, Any] = field(default_factory=dict)  # what plugins keep for this rollout
     # The built-in rollout loop's buffer.accounting.GroupLedger (None in a --rollout-function-path rollout).
     accounting: Any = None
+    # Called (on the event loop, must not block) when a request through the router failed and will be retried: with
+    # --use-fault-tolerance it makes the router's health check run now instead of at the end of its interval.
+    request_failed: Callable[[], None] | None = None
 
     def count(self, key: str, n: int = 1) -> None:
         """Add to a named counter reported in the rollout metrics as `rollout/<key>`."""

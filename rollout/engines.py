@@ -235,9 +235,19 @@ class RouterHost:
         """Deregister a worker."""
         self.router.remove_worker(url)
 
+    def restart(self) -> tuple[str, int | None]:
+        """Start a new router process with no workers (on the same port when it is free) in place of one that died or
+        hung; its URL and the old process's exit status (None: it was still running and was stopped)."""
+        code = self.router.restart()
+        return self.router.url, code
+
     def pid(self) -> int | None:
         """The router process's pid."""
         return self.router.process.pid if self.router.process else None
+
+    def returncode(self) -> int | None:
+        """The router process's exit status, None while it runs."""
+        return self.router.process.returncode if self.router.process else None
 
     def stop(self) -> int | None:
         """Stop the router process."""

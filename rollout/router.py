@@ -7,6 +7,7 @@ workers healthy; its HTTP calls are in sglang_client.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import tempfile
 import time
@@ -16,8 +17,10 @@ from typing import Any
 
 from rollout import sglang_client as client
 from slime_like.core.errors import EngineError
-from slime_like.core.process import ManagedProcess, check_port_free, free_port
+from slime_like.core.process import ManagedProcess, PortInUseError, ProcessStartError, check_port_free, free_port
 from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, run_secret
+
+logger = logging.getLogger(__name__)
 
 
 def _norm(url: str) -> str:
@@ -96,6 +99,26 @@ class SGLangRouter:
             self.stop()
             raise
         return self
+
+    def restart(self, worker_urls: Sequence[str] = ()) -> int | None:
+        """Replace a dead (or hung) router process: stop what is left of it, start a new one with `worker_urls` on
+        the same port (clients keep their URL), or on a free port when that one is taken. Returns the old
+        process's exit status (None: it was still running, e.g. hung, and was stopped here)."""
+        old = self.process.returncode if self.process else None
+        if self.process is not None:
+            self.process.stop(self.stop_timeout)  # also ends whatever is left in its process group
+            self.process = None
+        self.worker_urls = [_norm(u) for u in worker_urls]
+        try:
+            self.start()
+        except (PortInUseError, ProcessStartError) as exc:
+            if not isinstance(exc, PortInUseError) and "address already in use" not in str(exc).lower():
+                raise
+            cause = str(exc).splitlines()[0]
+            logger.warning("sglang-router: port %s was taken meanwhile (%s); starting on a free port", self.port, cause)
+            self.process, self.port = None, None
+            self.start()
+        return old
 
     def stop(self) -> int | None:
         """Stop the router (SIGTERM, SIGKILL after `stop_timeout`); return its exit status."""
