@@ -337,7 +337,9 @@ class TrainActor:
         if self.transport is None:
             self.transport = self._make_transport(server_urls, transport, output_dir)
             self.transport_urls = list(server_urls)
-        used = self.transport.update(self.engine.export_hf_weights, version)
+        # --fully-async pauses with its mode (requests stay in flight); every other loop drains (abort).
+        mode = self.args.pause_generation_mode if self.args.fully_async else "abort"
+        used = self.transport.update(self.engine.export_hf_weights, version, mode)
         if self.args.check_weight_update:
             worst = self.check_weights(server_urls, f"after the update to version {version}")
             logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
@@ -387,6 +389,10 @@ class TrainActor:
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    def pid(self) -> int:
+        """This rank's process id (placement.json records it; an idle rank answers it as a liveness ping)."""
+        return os.getpid()
 
     def touch(self, path: str) -> None:
         """Create an empty file at `path` on this rank's node (the disk transport's shared-filesystem check)."""

@@ -1,14 +1,34 @@
-"""The trainer ranks as Ray actors, driven together from the main loop."""
+"""The trainer ranks as Ray actors, driven together from the main loop; a rank that dies stops the run at once."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 
 from buffer.train_data import TrainData
 from slime_like.actor import TrainActor
+from slime_like.megatron import checkpoint_layout as layout
 from slime_like.placement import Placement
+
+WATCH_INTERVAL = 2.0  # seconds between checks for a lost node or rank while the ranks work
+# Ray's causes of an actor's death that its raylet reported, so its node lives: no wait for a verdict on the node.
+NODE_ALIVE_CAUSES = ("its worker process has died", "killed by `ray.kill`")
+# A collective broken by a dead rank fails on the live ranks as soon as the connection drops, a little before Ray
+# reports the death: a live rank's error waits this long for a rank's death to name instead.
+PEER_GRACE = 5.0
+
+
+class TrainerRankLostError(RuntimeError):
+    """A trainer rank's process died (killed, crashed, or its actor lost by Ray); the message names the rank, its
+    node and the checkpoint to resume from."""
+
+
+def _death_cause(text: str) -> str:
+    """The gist of Ray's account of an actor's death: its `... because ...` line, up to the worker's exit detail."""
+    line = next((line.strip() for line in text.splitlines() if "because" in line), text.strip().splitlines()[0])
+    return ". ".join(line.split(". ")[:3]).rstrip(".")
 
 
 @ray.remote
@@ -27,6 +47,10 @@ class TrainGroup:
 
     def __init__(self, args: Any, placement: Placement) -> None:
         self.placement = placement
+        self.save_dir = args.save  # where the checkpoint to resume from is, when a rank dies
+        self.lost_rank: int | None = None  # a rank that died: the others cannot be shut down cleanly
+        self._pids: list[int | None] = [None] * len(placement.trainer)
+        self._pings: dict[int, ray.ObjectRef] = {}  # one liveness ping in flight per rank (check_alive)
         # torch.distributed's rendezvous: a free port on the node of rank 0, at the address that node registered.
         probe = _RankInfo.options(**placement.trainer_options(0, num_cpus=0.01, num_gpus=0)).remote()
         addr, port = ray.get(probe.address.remote())
@@ -39,7 +63,82 @@ class TrainGroup:
 
     def _all(self, method: str, *args: Any) -> Any:
         refs = [getattr(a, method).remote(*args) for a in self.actors]
-        return self.placement.get(refs, f"trainer ranks ran {method}")[0]
+        return self._gather(refs, f"trainer ranks ran {method}")[0]
+
+    def _gather(self, refs: list[ray.ObjectRef], what: str) -> list[Any]:
+        """The ranks' results in rank order, as `placement.get` (NodeLostError when a node of ours died), except
+        that a rank's death ends the wait at once with TrainerRankLostError: the others may be blocked in a
+        collective with it, up to the process group's timeout (30 minutes, slime_like/megatron/parallel.py)."""
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=WATCH_INTERVAL)
+            if not ready and self.placement.lost_nodes():
+                self.placement.get(pending, what)  # raises NodeLostError naming the node and what it held
+                pending = []
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._rank_died(rank_of[ref], ref, exc, what)
+                except Exception:
+                    self._dead_peer(pending, rank_of, what)  # a dead rank is the cause to name, if there is one
+                    self.placement.get(ref, what)  # re-raises the error, or NodeLostError when a lost node caused it
+        return ray.get(refs)
+
+    def _dead_peer(self, pending: list[ray.ObjectRef], rank_of: dict[ray.ObjectRef, int], what: str) -> None:
+        """Raise TrainerRankLostError if one of the other ranks' calls ends in its death within PEER_GRACE s."""
+        deadline = time.monotonic() + PEER_GRACE
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._rank_died(rank_of[ref], ref, exc, what)
+                except Exception:  # the same failure on another live rank
+                    pass
+
+    def _rank_died(self, rank: int, ref: ray.ObjectRef, error: ray.exceptions.RayActorError, what: str) -> None:
+        """Raise the error a dead rank means: its own start-up error, NodeLostError when its node died with it,
+        else TrainerRankLostError naming the rank, its node and the checkpoint to resume from."""
+        if error.actor_init_failed:  # its __init__ raised: that error (in the message) is the one to show
+            raise error
+        cause = str(error)
+        if not any(c in cause for c in NODE_ALIVE_CAUSES):  # perhaps its node died: Ray tells that later
+            try:
+                self.placement.get(ref, what)  # NodeLostError when the node is gone
+            except ray.exceptions.RayActorError:
+                pass  # the node lives: the rank alone died
+        self.lost_rank = rank
+        pid = f", pid {self._pids[rank]}" if self._pids[rank] is not None else ""
+        raise TrainerRankLostError(
+            f"trainer rank {rank} ({self.placement.trainer[rank].describe()}{pid}) died while {what} (Ray: "
+            f"{_death_cause(cause)}). The run stops: its torch.distributed group cannot take a rank back. "
+            f"{layout.resume_advice(self.save_dir)}"
+        ) from error
+
+    def check_alive(self, what: str) -> None:
+        """Raise TrainerRankLostError if a rank died while the driver waits on something else (the ranks are idle
+        then: a dead one would go unnoticed until the next trainer call). Keeps one cheap ping per rank in flight."""
+        for rank, actor in enumerate(self.actors):
+            ping = self._pings.get(rank)
+            if ping is None:
+                self._pings[rank] = actor.pid.remote()
+                continue
+            ready, _ = ray.wait([ping], timeout=0)
+            if not ready:
+                continue
+            del self._pings[rank]
+            try:
+                ray.get(ping)
+            except ray.exceptions.RayActorError as exc:
+                self._rank_died(rank, ping, exc, what)
+
+    def pids(self) -> list[int]:
+        """Each rank's process id (placement.json records them; named in the error when a rank dies)."""
+        self._pids = self._gather([a.pid.remote() for a in self.actors], "trainer ranks started")
+        return list(self._pids)
 
     def train(self, rollout_id: int, data: TrainData) -> dict[str, float]:
         """One rollout's optimizer steps on every rank."""
@@ -54,9 +153,14 @@ class TrainGroup:
         """Every rank closes its weight channel, frees its model and leaves torch.distributed (bounded)."""
         ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout)
 
+    def kill(self) -> None:
+        """End every rank's process now (after a rank died the others may be blocked in a collective with it)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
     def touch(self, path: str) -> None:
         """Write an empty file at `path` from rank 0's node (whether engines see it tells a shared filesystem)."""
-        ray.get(self.actors[0].touch.remote(path))
+        self._gather([self.actors[0].touch.remote(path)], "trainer rank 0 wrote a file")
 
     def check_weights(self, server_urls: list[str], when: str) -> float:
         """The post-update check outside an update (e.g. before the first rollout); the largest difference."""

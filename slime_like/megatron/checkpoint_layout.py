@@ -215,6 +215,20 @@ def require_checkpoint(path: str | Path, flag: str) -> Checkpoint:
     return found
 
 
+def resume_advice(save: str | Path | None) -> str:
+    """What to `--load` after a run stopped: the newest complete checkpoint under its --save directory (a save
+    that was cut off is passed over), or that there is none."""
+    if not save:
+        return "There is no checkpoint to resume from (no --save): start the run again."
+    try:
+        found = find_checkpoint(save, "--load")
+    except (CheckpointError, OSError):
+        found = None
+    if found is None:
+        return f"There is no complete checkpoint under --save {save} yet: start the run again."
+    return f"The last complete checkpoint is {found.directory}: resume with --load {save}."
+
+
 def write_state(directory: str | Path, rollout_id: int, rollout_state: dict[str, Any]) -> None:
     """Write our state file into a checkpoint being saved."""
     state = {"format": _FORMAT, "rollout_id": rollout_id, "rollout_state": rollout_state}

@@ -12,20 +12,20 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.integration.same_run import assert_same_metrics, assert_same_samples, assert_same_weights
 
 N_PROMPTS = 6
 N_SAMPLES = 2
 BATCH = 2  # prompts per rollout: one epoch is 3 rollouts
 
-# A reward plugin that raises for one label: those samples must be marked failed, the run go on.
+# A reward plugin that raises for one label: those samples must be marked failed, the run go on. The others get
+# rewards that differ between prompts (a tiny random model never answers right): with greedy rollouts and a
+# batch-normalised estimator every step has a loss and a gradient, so a resumed run has something to reproduce.
 REWARD_PLUGIN = """
-from rollout.rewards import math_reward
-
-
 def reward(args, sample):
     if sample.label == "4":
         raise RuntimeError("reward service down")
-    return math_reward(sample)
+    return float(sum(sample.tokens) % 3)
 """
 
 
@@ -47,7 +47,9 @@ def run_loop(module: str, model: Path, task: Path, out: Path, *extra: str, num_r
         "--input-key", "prompt", "--label-key", "label",
         "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N_SAMPLES),
         "--num-rollout", str(num_rollout), "--rollout-max-response-len", "3", "--rollout-stop-token-ids", "2",
-        "--lr", "1e-3", "--output-dir", str(out), "--save-debug-rollout-data", "--ray-num-cpus", "4",
+        # Greedy (top-k 1): sampled rollouts are not replayed on the CPU engine (tests/integration/same_run.py).
+        "--rollout-top-k", "1", "--advantage-estimator", "reinforce_plus_plus", "--lr", "1e-3",
+        "--output-dir", str(out), "--save-debug-rollout-data", "--ray-num-cpus", "4",
         "--custom-rm-path", "raising_rm.reward", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
@@ -131,7 +133,7 @@ def test_sync_colocated_distributed_update(sync_run: tuple[Path, list[dict]]) ->
     }
 
 
-def test_resume_continues_with_same_data_and_weights(
+def test_resume_ends_where_the_uninterrupted_run_ends(
     sync_run: tuple[Path, list[dict]], tiny_qwen3: Path, task: Path, tmp_path: Path
 ) -> None:
     out, _ = sync_run
@@ -145,9 +147,11 @@ def test_resume_continues_with_same_data_and_weights(
     assert len(resumed) == 3  # rollouts 3, 4, 5 only
     key = [[(s["prompt"], s["index"], s["group_index"]) for s in r] for r in original[3:]]
     assert [[(s["prompt"], s["index"], s["group_index"]) for s in r] for r in resumed] == key
-    # Greedy eval at rollout 3 runs on the checkpoint's weights: the same tokens as the original run.
-    # (Sampled rollouts cannot be replayed bit-exactly on CPU: SGLang's deterministic mode needs
-    # flashinfer/fa3/triton attention, so later steps are compared on data order only.)
-    assert eval_responses(tmp_path / "resumed", 3) == eval_responses(out / "run", 3)
     # The servers resumed at the checkpoint's weight version.
     assert {s["weight_version"] for s in resumed[0]} == {3}
+    # Greedy rollouts replay: the same samples, every metric of rollouts 3-5 and of the final evaluation as the
+    # uninterrupted run's (timings aside), and the same final weights.
+    assert_same_samples(tmp_path / "resumed", out / "run", [3, 4, 5])
+    assert_same_metrics(tmp_path / "resumed", out / "run", [3, 4, 5, 6])
+    assert eval_responses(tmp_path / "resumed", 3) == eval_responses(out / "run", 3)
+    assert_same_weights(tmp_path / "ckpt" / "iter_0000005", out / "ckpt" / "iter_0000005")

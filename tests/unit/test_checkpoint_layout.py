@@ -79,6 +79,18 @@ def test_cut_off_checkpoint_is_never_loaded(tmp_path: Path) -> None:
         find_checkpoint(foreign)
 
 
+def test_resume_advice_names_the_last_complete_checkpoint(tmp_path: Path) -> None:
+    assert "no checkpoint to resume from (no --save)" in layout.resume_advice(None)
+    assert f"no complete checkpoint under --save {tmp_path} yet" in layout.resume_advice(tmp_path)
+    save(tmp_path, 2)
+    (tmp_path / "iter_0000005.tmp").mkdir()  # a save cut off: passed over
+    advice = f"The last complete checkpoint is {tmp_path / 'iter_0000002'}: resume with --load {tmp_path}."
+    assert layout.resume_advice(tmp_path) == advice
+    save(tmp_path, 5)
+    (tmp_path / "iter_0000005" / layout.COMPLETE_MARKER).unlink()  # named by the tracker, but incomplete
+    assert layout.resume_advice(tmp_path) == advice
+
+
 def test_tracker_naming_a_missing_iteration(tmp_path: Path) -> None:
     save(tmp_path, 2)
     layout.write_tracker(tmp_path, 9)
