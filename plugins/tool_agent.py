@@ -76,6 +76,7 @@ def append_observation(ctx: RolloutContext, sample: Sample, output: str) -> list
     sample.response_length += len(tokens)
     sample.loss_mask = (sample.loss_mask or []) + [0] * len(tokens)
     sample.rollout_log_probs = (sample.rollout_log_probs or []) + [0.0] * len(tokens)
+    sample.add_version_spans(len(tokens))  # no weights generated them
     return tokens
 
 

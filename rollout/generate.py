@@ -9,6 +9,7 @@ from typing import Any
 
 from rollout import sglang_client as client
 from rollout.context import RolloutContext
+from rollout.pause import streams_versions
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample, Status
 
@@ -65,8 +66,8 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
     Raises AbortedBeforeSending when the rollout is aborting, EngineError when every attempt failed.
     """
     if retries is None:
-        # With --use-fault-tolerance a dead engine stays in the router until its next health check: keep retrying
-        # (about a minute) so its requests land on the others.
+        # With --use-fault-tolerance keep retrying (about 50 s of waits): a dead engine stays in the router until its
+        # next health check, and a dead router is restarted (about 10 s) once the first failure wakes its check.
         retries = 12 if getattr(ctx.args, "use_fault_tolerance", False) else 3
     delay = 0.5
     base_rid = payload.get("rid") or uuid.uuid4().hex
@@ -77,12 +78,15 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
             if ctx.aborting:
                 raise AbortedBeforeSending(rid)
             ctx.inflight.add(rid)
+            url = ctx.router_url  # per attempt: a restarted router may have moved
             try:
-                return await client.generate_async(ctx.session, ctx.router_url, {**payload, "rid": rid})
+                return await client.generate_async(ctx.session, url, {**payload, "rid": rid})
             except client.GenerateRefused:  # the request itself is wrong: retrying cannot help
                 raise
             except EngineError as exc:
-                error = str(exc)
+                error = f"{url}{exc}"  # names the router (or server) the request went to
+                if ctx.request_failed is not None:
+                    ctx.request_failed()
             finally:
                 ctx.inflight.discard(rid)
         # The failed attempt may still be generating on a server: stop it before retrying under a new rid.
@@ -96,7 +100,8 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
 
 
 def append_model_tokens(sample: Sample, out: dict[str, Any]) -> list[int]:
-    """Append a /generate answer's tokens, log-probs (loss mask 1) and text to the sample; returns the new tokens."""
+    """Append a /generate answer's tokens, log-probs (loss mask 1), text and weight versions to the sample; returns
+    the new tokens."""
     meta = out["meta_info"]
     new_tokens = [int(t[1]) for t in meta["output_token_logprobs"]]
     sample.tokens = sample.tokens + new_tokens
@@ -104,6 +109,7 @@ def append_model_tokens(sample: Sample, out: dict[str, Any]) -> list[int]:
     sample.response_length += len(new_tokens)
     sample.rollout_log_probs = (sample.rollout_log_probs or []) + [float(t[0]) for t in meta["output_token_logprobs"]]
     sample.loss_mask = (sample.loss_mask or []) + [1] * len(new_tokens)
+    sample.add_version_spans(len(new_tokens), meta)  # per token when streamed (the answer may span an update)
     version = meta.get("weight_version")
     sample.weight_version = int(version) if version is not None and str(version).isdigit() else None
     return new_tokens
@@ -124,6 +130,8 @@ async def call_model(ctx: RolloutContext, sample: Sample, params: dict[str, Any]
     rid = f"sample-{sample.index}-{uuid.uuid4().hex[:8]}"
     sample.metadata["rid"] = rid
     payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}
+    if streams_versions(ctx.args):  # weights may change under the request: learn each token's version
+        payload["stream"] = True
     try:
         return await post_generate(ctx, payload)
     except AbortedBeforeSending:

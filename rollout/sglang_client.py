@@ -12,9 +12,10 @@ started with it and answer 401 to a request without it (only /health is open).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,9 +23,13 @@ import aiohttp
 import requests
 
 from slime_like.core.errors import EngineError
+from slime_like.core.sample import VERSION_SPANS_KEY
 from slime_like.core.secret import API_KEY_ENV, auth_headers
 
 logger = logging.getLogger(__name__)
+
+# SGLang's /pause_generation modes (what happens to in-flight requests: see pause_generation).
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 # --- blocking calls -------------------------------------------------------------------------------
@@ -138,17 +143,21 @@ def flush_cache(url: str, attempts: int = 30, interval: float = 1.0, timeout: fl
     raise EngineError(f"{url}/flush_cache did not answer 200 after {attempts} attempts; last answer: {last}")
 
 
-def pause_generation(url: str, timeout: float = 60.0, mode: str = "abort") -> None:
-    """Stop generation; with mode "abort" in-flight requests return what they have and new ones wait."""
+def pause_generation(url: str, mode: str = "abort", timeout: float = 60.0) -> None:
+    """POST /pause_generation; new requests wait until /continue_generation. In-flight requests, by `mode`:
+    abort: answer with their tokens so far (finish reason abort) before this returns; retract: go back to the
+    engine's queue, their KV cache freed (recomputed on continue); in_place: stay, with their KV cache."""
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode {mode!r} is not one of {', '.join(PAUSE_MODES)}")
     post(url, "/pause_generation", {"mode": mode}, timeout)
 
 
 def continue_generation(url: str, timeout: float = 60.0) -> None:
-    """Let waiting and new requests run again (a paused server also hangs /health)."""
+    """POST /continue_generation: paused and waiting requests run again (a paused server also hangs /health)."""
     post(url, "/continue_generation", {}, timeout)
 
 
-def set_weight_version(url: str, version: int, timeout: float = 60.0) -> None:
+def set_weight_version(url: str, version: int | str, timeout: float = 60.0) -> None:
     """Tag the server's weights (returned with every sample as its weight version)."""
     post(url, "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}, timeout)
 
@@ -171,7 +180,7 @@ def resume_memory(url: str, timeout: float = 300.0) -> None:
     post(url, "/resume_memory_occupation", {}, timeout)
 
 
-def update_weights_from_disk(url: str, model_path: str, version: int, timeout: float = 600.0) -> None:
+def update_weights_from_disk(url: str, model_path: str, version: int | str, timeout: float = 600.0) -> None:
     """Reload the weights from an HF checkpoint directory the server can read (no cache flush)."""
     payload = {"model_path": model_path, "weight_version": str(version), "flush_cache": False}
     post(url, "/update_weights_from_disk", payload, timeout)
@@ -271,15 +280,96 @@ class GenerateRefused(EngineError):
 
 
 async def generate_async(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """POST /generate; GenerateRefused on a 4xx answer, EngineError on a 5xx answer or a broken connection."""
+    """POST /generate; GenerateRefused on a 4xx answer, EngineError on a 5xx answer or a broken connection.
+
+    With `"stream": true` in the payload the answer is read chunk by chunk and returned whole, as without it, plus
+    `meta_info["weight_version_spans"]` (see `read_stream`).
+    """
     try:
         async with session.post(f"{url}/generate", json=payload, headers=auth_headers()) as resp:
             if resp.status == 200:
+                if payload.get("stream"):
+                    return await read_stream(resp.content.iter_any(), f"{url}/generate")
                 return await resp.json(content_type=None)
             error = f"/generate answered {resp.status}: {(await resp.text())[:300]}{_auth_hint(resp.status)}"
     except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise EngineError(f"/generate failed: {exc!r}") from exc
     raise (GenerateRefused if resp.status < 500 else EngineError)(error)
+
+
+# meta_info lists that SGLang streams whole in every chunk, or only the new part with --incremental-streaming-output.
+_STREAMED_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+async def read_stream(body: AsyncIterator[bytes], where: str) -> dict[str, Any]:
+    """A streamed /generate answer (server-sent events, in pieces as they arrive) assembled into one answer, with
+    the weight version of every token: `meta_info[VERSION_SPANS_KEY]` = [[version, tokens], ...] in order over the
+    output tokens.
+
+    Each chunk's meta_info carries the server's weight version when the chunk left it and the count of tokens so
+    far (`completion_tokens`), so the tokens a chunk adds were generated by that version (for in_place pauses,
+    only on servers without SGLang's overlap scheduler: rollout/pause.py). Chunks hold every token so far
+    (SGLang's default) or only the new ones (--incremental-streaming-output): a chunk whose output_ids cover the
+    count replaces what was read, a shorter one extends it. Lines are split here, not by aiohttp's readline, which
+    refuses lines over 128 KiB (a whole-answer chunk of a long response).
+    """
+    answer: dict[str, Any] | None = None
+    spans: list[list[Any]] = []
+    pending = b""
+    async for data in body:
+        pending += data
+        *events, pending = pending.split(b"\n\n")
+        for event in events:
+            line = event.strip()
+            if not line.startswith(b"data:"):
+                continue
+            line = line[len(b"data:") :].strip()
+            if line == b"[DONE]":
+                return _finish_stream(answer, spans, where)
+            answer = _add_chunk(answer, spans, json.loads(line), where)
+    raise EngineError(f"{where}: the stream ended before its [DONE] event")
+
+
+def _add_chunk(answer: dict[str, Any] | None, spans: list[list[Any]], chunk: dict, where: str) -> dict[str, Any]:
+    """Merge one streamed chunk into the answer so far (in place) and extend the version spans over its new
+    tokens; the answer's text is kept as a list of parts until the end."""
+    if "error" in chunk:
+        error = chunk["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        message = f"{where} streamed an error: {str(error)[:300]}"
+        raise (GenerateRefused if isinstance(code, int) and 400 <= code < 500 else EngineError)(message)
+    meta = chunk["meta_info"]
+    total, ids = int(meta["completion_tokens"]), list(chunk.get("output_ids") or [])
+    if answer is None or len(ids) == total:  # the whole answer so far
+        answer = {"text": [chunk.get("text") or ""], "output_ids": ids, "meta_info": dict(meta)}
+    elif len(answer["output_ids"]) + len(ids) == total:  # only the new tokens
+        lists = {key: answer["meta_info"].get(key, []) for key in _STREAMED_LISTS if key in meta}
+        for key, values in lists.items():
+            values.extend(meta[key])
+        answer["meta_info"] = {**meta, **lists}
+        answer["output_ids"].extend(ids)
+        answer["text"].append(chunk.get("text") or "")
+    else:
+        raise EngineError(f"{where}: a chunk of {len(ids)} tokens does not lead to its count of {total}")
+    covered = sum(n for _, n in spans)
+    if total > covered:
+        version = meta.get("weight_version")
+        if spans and spans[-1][0] == version:
+            spans[-1][1] += total - covered
+        else:
+            spans.append([version, total - covered])
+    return answer
+
+
+def _finish_stream(answer: dict[str, Any] | None, spans: list[list[Any]], where: str) -> dict[str, Any]:
+    """The assembled answer, once the stream said it is complete."""
+    if answer is None:
+        raise EngineError(f"{where}: the stream ended without an answer")
+    if answer["meta_info"].get("finish_reason") is None:
+        raise EngineError(f"{where}: the stream ended before the request finished")
+    answer["text"] = "".join(answer["text"])
+    answer["meta_info"][VERSION_SPANS_KEY] = spans
+    return answer
 
 
 async def abort_request(session: aiohttp.ClientSession, url: str, rid: str | None = None) -> None:

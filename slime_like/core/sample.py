@@ -24,6 +24,16 @@ class Status(enum.StrEnum):
 
 # SGLang's finish_reason["type"] -> the status it means (slime's mapping; "abort" may also be a rejection).
 FINISH_REASON_STATUS = {"length": Status.TRUNCATED, "abort": Status.ABORTED, "stop": Status.COMPLETED}
+# meta_info key of a streamed /generate answer (rollout.sglang_client.read_stream): [[version, tokens], ...] over
+# its output tokens, each version as the server reported it.
+VERSION_SPANS_KEY = "weight_version_spans"
+NO_VERSION = -1  # a version span's version for tokens no known weight version generated
+
+
+def version_number(version: Any) -> int:
+    """A weight version as SGLang reports it (a string) as an int; NO_VERSION when it is not a number."""
+    text = str(version) if version is not None else ""
+    return int(text) if text.isdigit() else NO_VERSION
 
 
 @dataclass
@@ -109,7 +119,13 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     group_index: int | None = None
     index: int | None = None
-    weight_version: int | None = None
+    weight_version: int | None = None  # the version of the last answer's weights when it finished
+    # [[weight_version, n_tokens], ...] in response order, over every response token: which weights generated each
+    # stretch. A request that spans weight updates (--pause-generation-mode retract/in_place) gives one per version.
+    # Version -1 (NO_VERSION): no weights generated them (tool or environment tokens, loss mask 0), or they came
+    # without a numeric version. Filled by rollout.generate.append_model_tokens and append_response_tokens; a
+    # generate function that appends tokens itself may leave them uncovered.
+    version_spans: list[list[int]] = field(default_factory=list, kw_only=True)
     # slime's fields (keyword-only). remove_sample: trained with loss mask 0, still counted in group statistics.
     rollout_id: int | None = field(default=None, kw_only=True)  # siblings a generate function fanned out share it
     remove_sample: bool = field(default=False, kw_only=True)
@@ -139,6 +155,29 @@ class Sample:
     def effective_response_length(self) -> int:
         """Response tokens the loss sees: sum of the loss mask (the response length without a mask)."""
         return sum(self.loss_mask) if self.loss_mask is not None else self.response_length
+
+    def oldest_version(self) -> int | None:
+        """The oldest weight version that generated any response token (None: no span names a version)."""
+        return min((v for v, n in self.version_spans if v != NO_VERSION and n > 0), default=None)
+
+    def add_version_spans(self, n_tokens: int, meta_info: dict[str, Any] | None = None) -> None:
+        """Extend `version_spans` over `n_tokens` response tokens just appended: from one /generate answer's
+        meta_info (its streamed spans when they cover exactly these tokens, else its final weight version for all),
+        or as NO_VERSION without one (tokens no model generated, or of unknown version)."""
+        if n_tokens <= 0:
+            return
+        streamed = (meta_info or {}).get(VERSION_SPANS_KEY)
+        if streamed and sum(n for _, n in streamed) == n_tokens:
+            spans = [(version_number(v), int(n)) for v, n in streamed]
+        elif meta_info is not None:
+            spans = [(version_number(meta_info.get("weight_version")), n_tokens)]
+        else:
+            spans = [(NO_VERSION, n_tokens)]
+        for version, n in spans:
+            if self.version_spans and self.version_spans[-1][0] == version:
+                self.version_spans[-1][1] += n
+            elif n > 0:
+                self.version_spans.append([version, n])
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (status as its string value); attributes set on the sample are included."""
@@ -178,7 +217,8 @@ class Sample:
         text: str | None = None,
         update_terminal_info: bool = True,
     ) -> None:
-        """slime's helper: append response tokens (loss mask 1 and their log-probs if trainable, else 0 and 0.0)."""
+        """slime's helper: append response tokens (loss mask 1, their log-probs and meta_info's weight versions if
+        trainable, else 0, 0.0 and version -1)."""
         new = [int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens or [])]
         lps = (
             None
@@ -205,6 +245,7 @@ class Sample:
             self.response_length += len(new)
             self.loss_mask = self.loss_mask + [1 if trainable else 0] * len(new)
             self.rollout_log_probs = self.rollout_log_probs + (lps if trainable else [0.0] * len(new))
+            self.add_version_spans(len(new), meta_info if trainable else None)
         if meta_info is not None and update_terminal_info and "finish_reason" in meta_info:
             self._apply_terminal_info(args, meta_info)
         self._validate_response_metadata_lengths()
