@@ -11,6 +11,12 @@
 - dropped_<reason>: finished groups the dynamic sampling filter rejected (reason from the filter).
 - returned: groups handed back to the buffer (aborted or beyond the batch) with `Buffer.add_groups`.
 
+Under --fully-async a ledger covers one training step, and groups cross step boundaries: those the continuous
+rollout holds (generating, or finished and not yet trained) when a step's batch is taken are `carried` out of that
+step's ledger and drawn, origin `carried`, into the next one's (`GroupLedger(carries=True)`):
+
+    drawn (source + buffer + carried in) = trained + failed + dropped + returned + carried out
+
 A group is tracked by identity (the list object), so a group lost or counted twice is caught even where the
 totals happen to agree. Counts that do not add up are a bug in the rollout loop: `check` raises AccountingError.
 """
@@ -26,6 +32,7 @@ from slime_like.core.sample import Sample, Status
 DRAWN = "drawn"
 RETURNED = "returned"
 TRAINED = "trained"
+CARRIED = "carried"
 
 
 class AccountingError(RuntimeError):
@@ -52,7 +59,8 @@ def failure_reason(group: list[Sample]) -> str | None:
 class GroupLedger:
     """Where each group of one rollout went; `check` raises when the counts do not add up."""
 
-    def __init__(self) -> None:
+    def __init__(self, carries: bool = False) -> None:
+        self.carries = carries  # a --fully-async step's ledger: groups cross its boundaries (counted as carried)
         # id(group) -> state; the groups themselves are held so that no id is reused while the ledger is open.
         self._state: dict[int, str] = {}
         self._origin: dict[int, str] = {}
@@ -85,6 +93,11 @@ class GroupLedger:
             reason = failure_reason(group)
             self._settle(group, TRAINED if reason is None else f"failed_{reason}")
 
+    def carry(self, groups: list[list[Sample]]) -> None:
+        """Groups still held by the continuous rollout when the step ends: they continue in the next step."""
+        for group in groups:
+            self._settle(group, CARRIED)
+
     def _settle(self, group: list[Sample], outcome: str) -> None:
         key = id(group)
         state = self._state.get(key)
@@ -106,6 +119,9 @@ class GroupLedger:
             "groups_trained": outcomes[TRAINED],
             "groups_returned": outcomes[RETURNED],
         }
+        if self.carries:
+            out["groups_drawn_carried"] = origins[CARRIED]
+            out["groups_carried"] = outcomes[CARRIED]
         for kind in ("failed", "dropped"):
             detail = {k: n for k, n in outcomes.items() if k.startswith(f"{kind}_")}
             out[f"groups_{kind}"] = sum(detail.values())
@@ -115,9 +131,10 @@ class GroupLedger:
         return out
 
     def check(self) -> dict[str, int]:
-        """The counts, after checking drawn = trained + failed + dropped + returned with every group once."""
+        """The counts, after checking drawn = trained + failed + dropped + returned (+ carried) with every group
+        once."""
         counts = self.counts()
-        settled = sum(counts[f"groups_{k}"] for k in ("trained", "failed", "dropped", "returned"))
+        settled = sum(counts.get(f"groups_{k}", 0) for k in ("trained", "failed", "dropped", "returned", CARRIED))
         missing = [_name(self._groups[k]) for k, state in self._state.items() if state == DRAWN]
         if settled != counts["groups_drawn"] or missing or self._problems:
             detail = "; ".join(self._problems + ([f"never settled: {', '.join(missing)}"] if missing else []))
@@ -125,8 +142,8 @@ class GroupLedger:
                 f"rollout group accounting does not add up: drawn {counts['groups_drawn']} "
                 f"(source {counts['groups_drawn_source']}, buffer {counts['groups_drawn_buffer']}) != trained "
                 f"{counts['groups_trained']} + failed {counts['groups_failed']} + dropped {counts['groups_dropped']}"
-                f" + returned {counts['groups_returned']} ({detail or 'counts differ'}); this is a bug in the "
-                "rollout loop, please report it"
+                f" + returned {counts['groups_returned']} + carried {counts.get('groups_carried', 0)} "
+                f"({detail or 'counts differ'}); this is a bug in the rollout loop, please report it"
             )
         return counts
 

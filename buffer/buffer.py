@@ -22,11 +22,12 @@ class Buffer:
         self._returned: deque[list[Sample]] = deque()
         self._ledger: GroupLedger | None = None  # open while a rollout draws from this buffer
 
-    def open_ledger(self) -> GroupLedger:
-        """Start recording every group drawn and handed back (one rollout at a time); `close_ledger` stops."""
+    def open_ledger(self, carries: bool = False) -> GroupLedger:
+        """Start recording every group drawn and handed back (one rollout, or one --fully-async step, at a time);
+        `close_ledger` stops."""
         if self._ledger is not None:
             raise RuntimeError("a rollout is already recording this buffer's groups (two rollouts at once?)")
-        self._ledger = GroupLedger()
+        self._ledger = GroupLedger(carries)
         return self._ledger
 
     def close_ledger(self) -> None:

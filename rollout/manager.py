@@ -7,9 +7,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +18,18 @@ import ray
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
+from buffer.train_data import trainable
 from rollout import sglang_client as client
 from rollout.arguments import eval_data_keys, server_dtype
 from rollout.context import RolloutContext, running
+from rollout.continuous import ContinuousRollout
 from rollout.engines import Engine, EngineLaunch, start_engines, start_router, stop_engines
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
 from rollout.health import HealthMonitor
 from rollout.hooks import RolloutHooks, load_hooks
 from rollout.metrics import rollout_metrics
+from rollout.pause import check_server_args
 from rollout.postprocess import finish_rollout
 from rollout.router import SGLangRouter
 from rollout.sampling import generate_rollout
@@ -95,8 +98,14 @@ class RolloutManager:
         self.engines: list[Engine] = []
         self._engines_lock = threading.Lock()
         self.monitor: HealthMonitor | None = None
-        self.engine_failures = self.engines_restarted = 0
+        self.router_monitor: HealthMonitor | None = None  # with --use-fault-tolerance: restarts a dead router
+        self.engine_failures = self.engines_restarted = self.router_restarts = 0
         self.router: Any = None  # a local SGLangRouter (external servers) or a RouterHost actor
+        # Held while the router is restarted or its workers change (the health threads and the update both do it).
+        self._router_lock = threading.RLock()
+        self._router_down: str | None = None  # why the router is down and could not be restarted (fault tolerance)
+        self._contexts: dict[int, RolloutContext] = {}  # the open ones: told when a restarted router moved
+        self._closing = False
         self._external = server_urls is not None
         self._server_urls = list(server_urls or [])
         self._router_url = router_url
@@ -159,6 +168,15 @@ class RolloutManager:
                 self.args.rollout_health_check_first_wait,
             )
             self.monitor.start()
+            # Its own thread: a hung engine's check must not delay it, and a failed request wakes it at once.
+            self.router_monitor = HealthMonitor(
+                lambda: [self._router_url],
+                self._check_router,
+                self._router_failed,
+                self.args.rollout_health_check_interval,
+                name="router-health",
+            )
+            self.router_monitor.start()
 
     def _check_engine(self, engine: Engine) -> None:
         """Raise unless every node's SGLang process runs and node rank 0 generates within the timeout."""
@@ -190,11 +208,93 @@ class RolloutManager:
             logger.warning("removing %s from the router: %r", engine.url, exc)
         stop_engines([engine], timeout=30)
 
+    def _check_router(self, url: str, timeout: float | None = None) -> None:
+        """Raise unless the router answers /health within `timeout` (default: the health check timeout)."""
+        client.get(url, "/health", timeout=timeout or self.args.rollout_health_check_timeout)
+
+    def _router_answers(self) -> bool:
+        """Whether the router answers /health now (a second look after a failure: a hung one has had its time)."""
+        try:
+            self._check_router(self._router_url, timeout=min(5.0, self.args.rollout_health_check_timeout))
+        except EngineError:
+            return False
+        return True
+
+    def _router_failed(self, url: str, error: Exception) -> None:
+        """The router failed its health check: restart it, unless it was restarted since the check began."""
+        with self._router_lock:
+            if self._closing or url != self._router_url or self._router_answers():
+                return  # shutting down, or restarted since the check began (the port may have moved)
+            self._restart_router(error)
+
+    def _restart_router(self, error: Exception) -> None:
+        """(Router lock held.) A new router process in place of the dead one, on its port when free, and every live
+        engine registered with it again (restarted ones waiting for their first update join in `rejoin_engines`)."""
+        old = self._router_url
+        try:
+            url, code = ray.get(self.router.restart.remote(), timeout=300)
+        except Exception as exc:
+            self._router_down = f"sglang-router at {old} failed ({error}) and could not be restarted: {exc}"
+            raise EngineError(self._router_down) from exc
+        self._router_down = None
+        self.router_restarts += 1
+        if url != old:  # the old port was taken: every request from now on goes to the new one
+            self._router_url = url
+            for ctx in list(self._contexts.values()):
+                ctx.router_url = url
+        live = [e for e in self.engines if not e.dead and not e.joining]
+        for engine in live:
+            try:
+                ray.get(self.router.add_worker.remote(engine.url), timeout=120)
+            except Exception as exc:  # it does not pass the router's check: restarted at the next weight update
+                self._engine_failed(engine, exc)
+        died = "was hung and was stopped" if code is None else f"exited with code {code}"
+        logger.warning("sglang-router at %s failed (%s; its process %s): router restarted at %s with %d engine(s) "
+                       "registered again (restart %d)", old, error, died, url, len(live), self.router_restarts)  # fmt: skip
+
+    def _request_failed(self) -> None:
+        """A request through the router failed: with fault tolerance check the router now."""
+        if self.router_monitor is not None:
+            self.router_monitor.wake()
+
+    def _router_failure(self) -> str | None:
+        """Why the router is gone (then the rollout cannot go on), or None: without fault tolerance, its process
+        exited; with it, it could not be restarted."""
+        if self.router_monitor is not None:
+            with self._router_lock:
+                if self._router_down is not None and not self._closing:
+                    # The health thread will try again, but this rollout needs an answer now: one more attempt.
+                    with suppress(EngineError):
+                        self._restart_router(EngineError(self._router_down))
+                return self._router_down
+        if isinstance(self.router, SGLangRouter):
+            code = self.router.process.returncode if self.router.process else None
+        elif self.router is not None:
+            try:
+                code = ray.get(self.router.returncode.remote(), timeout=60)
+            except Exception as exc:  # its actor is gone, and the router process with it
+                return f"sglang-router at {self._router_url} is gone with its Ray actor ({exc!r})"
+        else:
+            return None  # a router started elsewhere: not ours to watch
+        if code is None:
+            return None
+        return (
+            f"sglang-router at {self._router_url} exited with code {code}: every request through it fails "
+            "(see its log under --output-dir/logs; --use-fault-tolerance restarts it)"
+        )
+
+    def _check_router_after(self, what: str, error: BaseException | None = None) -> None:
+        """Raise EngineError naming the router if it is gone after `what` (from `error`, the failure it caused)."""
+        failure = self._router_failure()
+        if failure is not None:
+            raise EngineError(f"{what}: {failure}") from error
+
     def recover_engines(self) -> list[str]:
         """Before a weight update: pause the health checks, check every engine once more, restart every dead one on
         its slots (out of the router until `rejoin_engines`); returns every engine's URL, the restarted ones' new."""
-        if self.monitor is not None:
-            self.monitor.pause()
+        for monitor in (self.monitor, self.router_monitor):
+            if monitor is not None:
+                monitor.pause()
         # One that died since the last check must not take the update down with it: check all, side by side
         # (/health_generate takes a second or more each).
         live = [e for e in self.engines if not e.dead]
@@ -220,12 +320,20 @@ class RolloutManager:
     def rejoin_engines(self) -> int:
         """After a weight update: restarted engines (now at the trainer's weights) join the router; the health
         checks resume. Returns how many joined."""
-        joining = [e for e in self.engines if e.joining]
-        for engine in joining:
-            ray.get(self.router.add_worker.remote(engine.url))
-            engine.joining = False
-        if self.monitor is not None:
-            self.monitor.resume()
+        with self._router_lock:
+            joining = [e for e in self.engines if e.joining]
+            for engine in joining:
+                engine.joining = False
+            try:
+                for engine in joining:
+                    ray.get(self.router.add_worker.remote(engine.url))
+            except Exception as exc:
+                if self._router_answers():
+                    raise  # the engine's fault, not the router's
+                self._restart_router(exc)  # registers every live engine, these included
+        for monitor in (self.monitor, self.router_monitor):
+            if monitor is not None:
+                monitor.resume()
         return len(joining)
 
     def _start_local_router(self, log_dir: Path) -> None:
@@ -241,8 +349,12 @@ class RolloutManager:
         return [{"url": e.url, "nodes": [p[0].node_id for p in e.slots], "pids": list(e.pids)} for e in self.engines]
 
     def router_info(self) -> dict[str, Any]:
-        """The router's URL and the workers it lists."""
-        return {"url": self._router_url, "workers": client.list_workers(self._router_url)}
+        """The router's URL, its process's pid (None for one started elsewhere) and the workers it lists."""
+        if isinstance(self.router, SGLangRouter):
+            pid = self.router.process.pid if self.router.process else None
+        else:
+            pid = ray.get(self.router.pid.remote(), timeout=60) if self.router is not None else None
+        return {"url": self._router_url, "pid": pid, "workers": client.list_workers(self._router_url)}
 
     def paths_unseen(self, path: str) -> list[str]:
         """The engine nodes on which `path` does not exist (the disk transport needs a shared filesystem)."""
@@ -277,9 +389,15 @@ class RolloutManager:
                 hooks=self.hooks,
                 evaluation=evaluation,
                 loop=asyncio.get_running_loop(),
+                request_failed=self._request_failed,
             )
-            with running(ctx):  # plugins written for slime find it (rollout.context.current_context)
-                yield ctx
+            self._contexts[id(ctx)] = ctx
+            ctx.router_url = self._router_url  # registered first: a router that moves from now on updates it
+            try:
+                with running(ctx):  # plugins written for slime find it (rollout.context.current_context)
+                    yield ctx
+            finally:
+                self._contexts.pop(id(ctx), None)
 
     async def _rollout(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
         async with self._context() as ctx:
@@ -305,7 +423,12 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
         """Generate, score and filter `--rollout-batch-size` groups; returns them with metrics."""
         start = time.monotonic()
-        groups, counters = self._run(self._rollout(rollout_id))
+        try:
+            groups, counters = self._run(self._rollout(rollout_id))
+        except Exception as exc:
+            self._check_router_after(f"rollout {rollout_id}", exc)
+            raise
+        self._check_router_after(f"rollout {rollout_id}")
         metrics = rollout_metrics(groups, self.args.reward_key)
         elapsed = time.monotonic() - start
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
@@ -315,6 +438,7 @@ class RolloutManager:
         if self.monitor is not None:
             metrics["rollout/engine_failures"] = self.engine_failures
             metrics["rollout/engines_restarted"] = self.engines_restarted
+            metrics["rollout/router_restarts"] = self.router_restarts
         metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
         self._dump(f"rollout_{rollout_id:06d}", groups)
         return groups, metrics
@@ -335,7 +459,12 @@ class RolloutManager:
         if not self.eval_datasets and self.hooks.eval_function is None:
             return {}
         start = time.monotonic()
-        metrics, groups = self._run(self._evaluate(rollout_id))
+        try:
+            metrics, groups = self._run(self._evaluate(rollout_id))
+        except Exception as exc:
+            self._check_router_after(f"evaluation at rollout {rollout_id}", exc)
+            raise
+        self._check_router_after(f"evaluation at rollout {rollout_id}")
         metrics["eval/time"] = time.monotonic() - start
         if groups:
             self._dump(f"eval_{rollout_id:06d}", groups)
@@ -362,7 +491,9 @@ class RolloutManager:
         client.on_all(self.server_urls(), client.resume_memory)
 
     def state_dict(self) -> dict[str, Any]:
-        """The buffer's state, saved with the checkpoint."""
+        """The buffer's state, saved with the checkpoint (with --fully-async, the groups in flight too)."""
+        if self._continuous is not None:
+            return self._run(self._on_loop(self._continuous.state_dict))
         return self.buffer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -371,20 +502,92 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stop the router and every engine this manager started; release the reward backend."""
-        if self.monitor is not None:
-            self.monitor.stop()
+        self._closing = True  # a router stopped from here on is not restarted
+        for monitor in (self.monitor, self.router_monitor):
+            if monitor is not None:
+                monitor.stop()
+        self._stop_continuous()
         try:
             self._run(self.hooks.close())
         except Exception as exc:  # shutting down: report, then still stop the processes
             logger.warning("closing the reward function: %r", exc)
-        if isinstance(self.router, SGLangRouter):
-            self.router.stop()
-        elif self.router is not None:
-            try:
-                ray.get(self.router.stop.remote(), timeout=30)
-            except Exception as exc:  # its node may be gone, and the router with it
-                logger.warning("stopping the router: %r", exc)
-            ray.kill(self.router)
-        self.router = None
+        with self._router_lock:  # after a restart still under way
+            if isinstance(self.router, SGLangRouter):
+                self.router.stop()
+            elif self.router is not None:
+                try:
+                    ray.get(self.router.stop.remote(), timeout=30)
+                except Exception as exc:  # its node may be gone, and the router with it
+                    logger.warning("stopping the router: %r", exc)
+                ray.kill(self.router)
+            self.router = None
         stop_engines(self.engines)
         self.engines = []
+
+    # --fully-async: the continuous rollout (rollout/continuous.py) runs on this manager's event loop.
+    _continuous: ContinuousRollout | None = None
+    _continuous_main: Future[None] | None = None
+
+    async def _on_loop(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def _start_continuous(self, version: int) -> None:
+        """Open a rollout context for the rest of the run and start generating on weight `version`."""
+        check_server_args(self.server_urls(), self.args.pause_generation_mode)  # servers started elsewhere too
+        made: Future[ContinuousRollout] = Future()
+
+        async def main() -> None:
+            async with self._context() as ctx:
+                rollout = ContinuousRollout(ctx, self.buffer, sampling_params_from_args(self.args), version)
+                made.set_result(rollout)
+                await rollout.serve()
+
+        self._continuous_main = asyncio.run_coroutine_threadsafe(main(), self._loop)
+        wait([made, self._continuous_main], return_when=FIRST_COMPLETED)
+        if not made.done():
+            self._continuous_main.result()  # it failed before generating: its error
+        self._continuous = made.result()
+
+    def next_batch(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
+        """--fully-async: the next `--rollout-batch-size` finished groups, to train at weight version `rollout_id`
+        (none over --max-weight-staleness), with the step's metrics; the first call starts the generation."""
+        if self._continuous is None:
+            self._start_continuous(rollout_id)
+        try:
+            groups, metrics = self._run(self._continuous.take(rollout_id))
+        except Exception as exc:
+            self._check_router_after(f"rollout {rollout_id}", exc)
+            raise
+        for key, n in self.hooks.reward.drain_counters().items():
+            metrics[f"rollout/{key}"] = metrics.get(f"rollout/{key}", 0) + n
+        metrics.update(rollout_metrics(groups, self.args.reward_key))
+        metrics["rollout/trained_tokens"] = sum(s.response_length for g in groups for s in g if trainable(s))
+        metrics["rollout/buffer_groups"] = len(self.buffer)
+        if self.monitor is not None:
+            metrics["rollout/engine_failures"] = self.engine_failures
+            metrics["rollout/engines_restarted"] = self.engines_restarted
+            metrics["rollout/router_restarts"] = self.router_restarts
+        metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
+        self._dump(f"rollout_{rollout_id:06d}", groups)
+        return groups, metrics
+
+    def pause_generation(self, mode: str) -> None:
+        """--fully-async, before a weight update: pause every server in `mode` (abort, retract, in_place)."""
+        if self._continuous is not None:
+            self._run(self._continuous.pause(mode, self.server_urls()))
+
+    def continue_generation(self, version: int) -> None:
+        """--fully-async, after a weight update: generation goes on at weight `version`."""
+        if self._continuous is not None:
+            self._run(self._continuous.resume(version, self.server_urls()))
+
+    def _stop_continuous(self) -> None:
+        """Abort what the continuous rollout still runs (bounded) and close its context."""
+        if self._continuous is None:
+            return
+        try:
+            self._run(self._continuous.stop())
+            self._continuous_main.result(timeout=60)
+        except Exception as exc:  # shutting down: report, then still stop the servers
+            logger.warning("stopping the fully-async rollout: %r", exc)
+        self._continuous = None

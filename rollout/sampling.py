@@ -35,6 +35,7 @@ def reset_sample(sample: Sample, metadata: dict[str, Any]) -> None:
     sample.reward, sample.loss_mask, sample.rollout_log_probs = None, None, None
     sample.status, sample.weight_version, sample.metadata = Status.PENDING, None, dict(metadata)
     sample.remove_sample, sample.weight_versions, sample.teacher_log_probs = False, [], None
+    sample.version_spans = []
 
 
 def return_to_buffer(ctx: RolloutContext, buffer: Buffer, groups: list[list[Sample]], origin: dict[int, Any]) -> None:

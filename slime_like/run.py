@@ -14,7 +14,7 @@ import ray
 
 from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
-from slime_like.actor_group import TrainGroup
+from slime_like.actor_group import WATCH_INTERVAL, TrainGroup
 from slime_like.arguments import resolve_precision
 from slime_like.core.cluster import node_options
 from slime_like.core.errors import ArgumentError, NodeLostError
@@ -80,15 +80,25 @@ class Run:
         self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
 
     def wait(self, refs: Any, what: str) -> Any:
-        """`ray.get`, stopping with NodeLostError (naming the node and what it held) if one of our nodes dies."""
+        """`ray.get`, stopping with NodeLostError (naming the node and what it held) if one of our nodes dies, and
+        with TrainerRankLostError if a trainer rank dies meanwhile (idle, it would go unnoticed until its next call)."""
+        trainer = getattr(self, "trainer", None)
+        pending = refs if isinstance(refs, list) else [refs]
+        while trainer is not None:
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=WATCH_INTERVAL)
+            if len(ready) == len(pending) or self.placement.lost_nodes(self.engines):
+                break  # placement.get returns the results, or raises what failed (NodeLostError for a lost node)
+            trainer.check_alive(what)
         return self.placement.get(refs, what, self.engines)
 
     def _write_placement(self) -> None:
-        """output-dir/placement.json: each trainer rank's and engine's node, the SGLang pids, the router."""
+        """output-dir/placement.json: each trainer rank's node and pid, each engine's node and SGLang pids, the
+        router."""
         router = ray.get(self.rollout.router_info.remote())
         record = {
             "trainer": [
-                {"rank": r, "node": s.node_id, "address": s.node_ip} for r, s in enumerate(self.placement.trainer)
+                {"rank": r, "node": s.node_id, "address": s.node_ip, "pid": pid}
+                for r, (s, pid) in enumerate(zip(self.placement.trainer, self.trainer.pids(), strict=True))
             ],
             "engines": self.engines,
             "router": router,
@@ -279,12 +289,48 @@ class Run:
         self._stop(lost=exc_type is not None and issubclass(exc_type, NodeLostError))
 
     def _stop(self, lost: bool = False) -> None:
-        if getattr(self, "trainer", None) is not None:
+        if lost:  # a node died: what the error names is gone with it
+            logger.error("A node of this run was lost. %s", layout.resume_advice(self.args.save))
+        trainer = getattr(self, "trainer", None)
+        rank_lost = trainer is not None and trainer.lost_rank is not None
+        if rank_lost:
+            trainer.kill()  # the live ranks may be blocked in a collective with the dead one: nothing to close
+        elif trainer is not None:
             try:
-                self.trainer.shutdown(timeout=10 if lost else 60)
+                trainer.shutdown(timeout=10 if lost else 60)
             except Exception as error:  # a trainer rank may be what failed; Ray kills its process at exit
                 logger.warning("trainer shutdown: %r", error)
         try:
-            ray.get(self.rollout.shutdown.remote(), timeout=30 if lost else 120)
+            # After a rank died the manager may be mid-rollout (it answers calls in turn): after a short wait the
+            # driver exits, and Ray ends the manager, whose servers and router die with it (PDEATHSIG).
+            ray.get(self.rollout.shutdown.remote(), timeout=10 if rank_lost else 30 if lost else 120)
         except Exception as error:  # the rollout actor may be what failed; Ray then kills its processes
             logger.warning("rollout shutdown: %r", error)
+
+    # --fully-async (python -m slime_like.train_async --fully-async; docs/fully-async.md)
+
+    def next_batch(self, rollout_id: int) -> ray.ObjectRef:
+        """The next batch of the continuous rollout, to train at weight version rollout_id (`train` waits for it)."""
+        return self.rollout.next_batch.remote(rollout_id)
+
+    def update_weights_in_flight(self, rollout_id: int) -> float:
+        """Push the trained weights (version rollout_id + 1) while generation is paused, not drained: with
+        --pause-generation-mode abort in-flight requests return their tokens and continue on the new weights,
+        with retract or in_place they stay in the engines. The health checks pause first (/health hangs while
+        generation is paused) and dead engines restart, as in `update_weights`."""
+        args = self.args
+        start = time.monotonic()
+        if args.use_fault_tolerance:
+            urls = self.wait(self.rollout.recover_engines.remote(), "dead engines restarted")
+            if urls != self.server_urls:
+                self.server_urls = urls
+                self.engines = ray.get(self.rollout.engine_layout.remote())
+        self.wait(self.rollout.pause_generation.remote(args.pause_generation_mode), "generation paused")
+        try:
+            self.trainer.update_weights(self.server_urls, rollout_id + 1, args.update_weight_transport, args.output_dir)
+        finally:  # a failed update still lets generation go on (a paused server would hang every request)
+            self.wait(self.rollout.continue_generation.remote(rollout_id + 1), "generation continued")
+        if args.use_fault_tolerance:
+            ray.get(self.rollout.rejoin_engines.remote())
+        self.weights_pushed = True
+        return time.monotonic() - start

@@ -10,6 +10,8 @@ from slime_like.arguments import parse_args
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m slime_like.train`."""
     args = parse_args(argv)  # before any heavy import: --help and argument errors are instant
+    if args.fully_async:
+        raise SystemExit("--fully-async needs the asynchronous loop: python -m slime_like.train_async --fully-async")
     from slime_like.run import Run
 
     with Run(args) as run:

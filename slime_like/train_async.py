@@ -1,15 +1,21 @@
-"""One-step-ahead asynchronous loop: the next rollout generates while the current one trains.
+"""Asynchronous loops: training and rollout run at the same time on separate devices (no --colocate).
 
-The same phases as `slime_like.train`; rollout r+1 is started before rollout r trains (so it
-samples from weights one update older), and weights are updated once it has finished.
-Needs disaggregated placement (no --colocate): training and rollout run at the same time.
+One step ahead (default): the same phases as `slime_like.train`, with rollout r+1 started before rollout r
+trains (so it samples from weights one update older); weights are updated once it has finished.
+
+--fully-async: the engines generate continuously; each step trains the next --rollout-batch-size finished groups
+and pushes its weights while generation is paused, not drained (rollout/continuous.py, docs/fully-async.md).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from slime_like.arguments import parse_args
+
+if TYPE_CHECKING:
+    from slime_like.run import Run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,20 +26,38 @@ def main(argv: list[str] | None = None) -> None:
     from slime_like.run import Run
 
     with Run(args) as run:
-        upcoming = run.generate(run.start_rollout)
-        for rollout_id in range(run.start_rollout, args.num_rollout):
-            start = time.monotonic()
-            metrics = run.evaluate(rollout_id)
-            current = upcoming
-            run.wait(current, f"rollout {rollout_id} generated")
-            if rollout_id + 1 < args.num_rollout:
-                upcoming = run.generate(rollout_id + 1)
-            metrics.update(run.train(rollout_id, current))
-            run.save(rollout_id)
-            run.wait(upcoming, f"rollout {rollout_id + 1} generated")  # never update under in-flight requests
-            metrics["time/update_weights"] = run.update_weights(rollout_id)
-            run.log(rollout_id, metrics, start)
+        (fully_async if args.fully_async else one_step_ahead)(run, args)
         run.finish()
+
+
+def one_step_ahead(run: Run, args: Any) -> None:
+    """Rollout r+1 generates while rollout r trains; weights are updated when it has finished."""
+    upcoming = run.generate(run.start_rollout)
+    for rollout_id in range(run.start_rollout, args.num_rollout):
+        start = time.monotonic()
+        metrics = run.evaluate(rollout_id)
+        current = upcoming
+        run.wait(current, f"rollout {rollout_id} generated")
+        if rollout_id + 1 < args.num_rollout:
+            upcoming = run.generate(rollout_id + 1)
+        metrics.update(run.train(rollout_id, current))
+        run.save(rollout_id)
+        run.wait(upcoming, f"rollout {rollout_id + 1} generated")  # never update under in-flight requests
+        metrics["time/update_weights"] = run.update_weights(rollout_id)
+        run.log(rollout_id, metrics, start)
+
+
+def fully_async(run: Run, args: Any) -> None:
+    """Generation never stops for training: each step takes the next finished batch, trains, and updates the
+    weights under the requests still in flight."""
+    for rollout_id in range(run.start_rollout, args.num_rollout):
+        start = time.monotonic()
+        metrics = run.evaluate(rollout_id)
+        metrics.update(run.train(rollout_id, run.next_batch(rollout_id)))
+        run.save(rollout_id)
+        metrics["time/update_weights"] = run.update_weights_in_flight(rollout_id)
+        metrics["perf/tokens_trained_per_s"] = metrics["rollout/trained_tokens"] / (time.monotonic() - start)
+        run.log(rollout_id, metrics, start)
 
 
 if __name__ == "__main__":

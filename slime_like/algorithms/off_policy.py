@@ -1,8 +1,10 @@
 """Off-policy and train/inference mismatch corrections, as per-token weights on the policy loss.
 
-The tokens were sampled by the behaviour policy mu (SGLang's log-probs, possibly one weight
-version stale in the async loop), while the PPO ratio is centred on the proximal policy pi_old
-(Megatron's recomputed log-probs at the start of the rollout's training). With
+The tokens were sampled by the behaviour policy mu (SGLang's log-probs, one weight version stale in
+the one-step-ahead async loop; under --fully-async up to --max-weight-staleness versions, and one
+sample's tokens may come from several versions: each token's log-prob is the one its version gave,
+as recorded), while the PPO ratio is centred on the proximal policy pi_old (Megatron's recomputed
+log-probs at the start of the rollout's training). With
 rho_t = pi_old(y_t) / mu(y_t), each correction multiplies the per-token loss by a detached weight:
 - Truncated IS (--use-tis; Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You
   Off-Policy RL Training"): w_t = clip(rho_t, C_low, C_high).

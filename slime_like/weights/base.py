@@ -5,6 +5,9 @@ requests are aborted and drained, new ones wait), flush the KV caches (they hold
 keys and values), send the weights, tag the new weight version, and let generation continue, also
 when the update failed (a paused server would hang). Transports send with `flush_cache: false`: a
 flush that races a request finishing can kill an SGLang server, so it is done here first, with retries.
+Under --fully-async the pause takes --pause-generation-mode: with `retract` or `in_place` requests stay
+in the engines, which refuse a flush while they hold any, so the caches are kept (one try empties an idle
+engine's prefix cache); the weights load under the paused requests (rollout/pause.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from rollout import pause
 from rollout import sglang_client as client
 
 logger = logging.getLogger(__name__)
@@ -42,21 +46,20 @@ class WeightTransport(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the channel (best effort: a dead server cannot answer)."""
 
-    def update(self, named_tensors: NamedTensors, version: int) -> None:
-        """Pause and drain generation, flush caches, send, tag `version`, continue generation."""
+    def update(self, named_tensors: NamedTensors, version: int, pause_mode: str = "abort") -> None:
+        """Pause generation (`pause_mode`: SGLang's abort, retract or in_place), flush caches, send, tag `version`,
+        continue generation (rollout/pause.py)."""
         timeout = self.timeout_s
-        client.on_all(self.server_urls, client.pause_generation, timeout)
-        try:
-            # Generation is paused, so a refusal can only be a request finishing: a few retries suffice.
-            client.on_all(self.server_urls, client.flush_cache, max(3, int(timeout // 10)))
+        try:  # continued below also when a pause failed: a server left paused hangs every request
+            pause.pause_all(self.server_urls, pause_mode, timeout)
+            pause.flush_paused(self.server_urls, pause_mode, max(3, int(timeout // 10)))
             self.send(named_tensors, version)
             client.on_all(self.server_urls, client.set_weight_version, version, timeout)
         finally:
-            for url in self.server_urls:
-                try:
-                    client.continue_generation(url, timeout)
-                except Exception as exc:  # the update's own error (if any) is the one to report
-                    logger.warning("%s/continue_generation failed after a weight update: %r", url, exc)
+            try:
+                pause.continue_all(self.server_urls, timeout)
+            except Exception as exc:  # the update's own error (if any) is the one to report
+                logger.warning("after a weight update: %r", exc)
 
 
 def buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -57,14 +57,15 @@ class WeightUpdater:
         self.transports: dict[str, WeightTransport] = {}
         self.version: int | None = None
 
-    def update(self, export: Callable[[], NamedTensors], version: int) -> str:
-        """Push the weights `export()` yields to every server as `version`; return the transport that worked."""
+    def update(self, export: Callable[[], NamedTensors], version: int, pause_mode: str = "abort") -> str:
+        """Push the weights `export()` yields to every server as `version` (generation paused in `pause_mode`);
+        return the transport that worked."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"weight version {version} is not above the current one ({self.version})")
         causes = []
         for attempt, kind in enumerate(self.attempts):
             named = export()
-            outcome = self._attempt(kind, named, version) if self.rank == 0 else _drain(named)
+            outcome = self._attempt(kind, named, version, pause_mode) if self.rank == 0 else _drain(named)
             outcome = share_from_rank0(outcome)
             if outcome is None:
                 self.version = version
@@ -89,12 +90,12 @@ class WeightUpdater:
                 break
         raise WeightUpdateError(f"weight update to version {version} failed: " + " | ".join(causes))
 
-    def _attempt(self, kind: str, named: NamedTensors, version: int) -> tuple[str, bool] | None:
+    def _attempt(self, kind: str, named: NamedTensors, version: int, pause_mode: str) -> tuple[str, bool] | None:
         """Rank 0's try: None on success, else (cause, whether another attempt makes sense)."""
         try:
             transport = self.transports.get(kind) or self.factories[kind]()
             self.transports[kind] = transport
-            transport.update(named, version)
+            transport.update(named, version, pause_mode)
             return None
         except Exception as exc:
             self._reset(kind)

@@ -25,7 +25,7 @@ class Scripted(WeightTransport):
         super().__init__([], 1 << 20)
         self.name, self.errors, self.log, self.reads = name, errors, log, reads
 
-    def update(self, named_tensors, version: int) -> None:
+    def update(self, named_tensors, version: int, pause_mode: str = "abort") -> None:
         for _, (name, _) in zip(range(self.reads), named_tensors, strict=False):
             self.log.append((self.name, version, name))
         error = self.errors.pop(0)
