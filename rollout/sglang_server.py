@@ -29,6 +29,11 @@ CPU_ENV = {
 }
 # Without a cap SGLang reserves a ~15 GB KV cache on CPU and takes ~55 s to start.
 CPU_MAX_TOTAL_TOKENS = 65536
+# SGLang's HTTP server closes a connection idle for 5 s by default, while the router keeps it pooled: a rollout that
+# starts ~5 s after the last one's requests ended races those closes, the router's sends fail, and after 10 failures
+# its circuit breaker takes the engine out for 60 s (seen in scripts/bench/bench_fully_async.py's sync loop, whose
+# log-prob + train + update took ~4-5 s). The server keeps idle connections longer than the router pools them.
+KEEP_ALIVE_ENV = {"SGLANG_TIMEOUT_KEEP_ALIVE": "3600"}
 
 
 def cuda_available() -> bool:
@@ -108,7 +113,7 @@ class SGLangServer:
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The launch command and the extra environment for this server."""
         on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")) == "cpu"
-        env: dict[str, str] = {}
+        env = {k: v for k, v in KEEP_ALIVE_ENV.items() if k not in os.environ}
         if self.api_key:  # handed over in the environment: a command line is world-readable on the node
             cmd = [sys.executable, "-c", LAUNCH_WITH_KEY, "sglang.launch_server"]
             env[API_KEY_ENV] = self.api_key
