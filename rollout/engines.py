@@ -202,6 +202,8 @@ def start_engines(
 def stop_engines(engines: list[Engine], timeout: float = 60.0) -> None:
     """Stop every engine's processes (bounded), then its actors."""
     actors = [a for e in engines for a in e.parts]
+    if not actors:  # nothing to stop: a Ray call here would start a local Ray instance in a process without one
+        return
     try:
         ray.get([a.stop.remote() for a in actors], timeout=timeout)
     except Exception as exc:  # an actor or its node may be gone: its process died with it
