@@ -3,9 +3,19 @@
 # real SGLang, sglang-router, Ray and Megatron on a 2-core CPU (about 10 minutes).
 #   bash scripts/run-tiny-cpu.sh            # everything, set-up included
 #   NUM_ROLLOUT=20 bash scripts/run-tiny-cpu.sh   # shorter
+#   ASYNC=one-step bash scripts/run-tiny-cpu.sh   # the next rollout generates while this one trains (train_async)
+#   ASYNC=fully bash scripts/run-tiny-cpu.sh      # fully asynchronous: generation never waits (docs/fully-async.md)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# The loop: synchronous (default), one step ahead, or fully asynchronous; all on the same separate devices.
+case "${ASYNC:-}" in
+  "") LOOP=(slime_like.train) ;;
+  one-step) LOOP=(slime_like.train_async) ;;
+  fully) LOOP=(slime_like.train_async --fully-async --max-weight-staleness 2) ;;
+  *) echo "ASYNC=${ASYNC}: choose one-step or fully (or leave it unset for the synchronous loop)" >&2; exit 2 ;;
+esac
+
 bash scripts/setup.sh
 PY="$ROOT/.venv/bin/python"
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -35,7 +45,7 @@ OPTIM_ARGS=(--lr 3e-4 --clip-grad 1.0)
 LOG_ARGS=(--output-dir "$WORK/run")
 
 rm -rf "$WORK/run" "$WORK/ckpt"
-"$PY" -m slime_like.train --num-rollout "${NUM_ROLLOUT:-100}" \
+"$PY" -m "${LOOP[@]}" --num-rollout "${NUM_ROLLOUT:-100}" \
   "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
   "${PERF_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIM_ARGS[@]}" "${LOG_ARGS[@]}" "$@"
 "$PY" - "$WORK/run/metrics.jsonl" <<'PYEOF'
