@@ -434,6 +434,13 @@ class RolloutManager:
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
         metrics["rollout/time"] = elapsed
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(elapsed, 1e-9)
+        return self._finish(rollout_id, groups, metrics)
+
+    def _finish(
+        self, rollout_id: int, groups: list[list[Sample]], metrics: dict[str, Any]
+    ) -> tuple[list[list[Sample]], dict[str, Any]]:
+        """A step's groups with the metrics every loop reports (buffer, engine and router failures, skipped data),
+        dumped with --save-debug-rollout-data."""
         metrics["rollout/buffer_groups"] = len(self.buffer)
         if self.monitor is not None:
             metrics["rollout/engine_failures"] = self.engine_failures
@@ -562,14 +569,7 @@ class RolloutManager:
             metrics[f"rollout/{key}"] = metrics.get(f"rollout/{key}", 0) + n
         metrics.update(rollout_metrics(groups, self.args.reward_key))
         metrics["rollout/trained_tokens"] = sum(s.response_length for g in groups for s in g if trainable(s))
-        metrics["rollout/buffer_groups"] = len(self.buffer)
-        if self.monitor is not None:
-            metrics["rollout/engine_failures"] = self.engine_failures
-            metrics["rollout/engines_restarted"] = self.engines_restarted
-            metrics["rollout/router_restarts"] = self.router_restarts
-        metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
-        self._dump(f"rollout_{rollout_id:06d}", groups)
-        return groups, metrics
+        return self._finish(rollout_id, groups, metrics)
 
     def pause_generation(self, mode: str) -> None:
         """--fully-async, before a weight update: pause every server in `mode` (abort, retract, in_place)."""
