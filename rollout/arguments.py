@@ -101,6 +101,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "behind the one it trains on (default: unbounded, as slime)",
     )
     a.add_argument(
+        "--max-inflight-groups",
+        type=int,
+        default=None,
+        help="with --fully-async: groups generating at once (default --rollout-batch-size, as AReaL's "
+        "max_concurrent_rollouts); fewer keep long responses within --max-weight-staleness (docs/fully-async.md)",
+    )
+    a.add_argument(
         "--stale-group-policy",
         default="regenerate",
         choices=["regenerate", "drop"],
@@ -235,9 +242,12 @@ def validate_fully_async_args(args: argparse.Namespace) -> None:
         args.fully_async, args.rollout_function_path = True, None
     if args.max_weight_staleness is not None and args.max_weight_staleness < 0:
         raise ValueError(f"--max-weight-staleness {args.max_weight_staleness} must be 0 or more")
+    if args.max_inflight_groups is not None and args.max_inflight_groups < 1:
+        raise ValueError(f"--max-inflight-groups {args.max_inflight_groups} must be 1 or more")
     if not args.fully_async:
-        if args.max_weight_staleness is not None:
-            raise ValueError("--max-weight-staleness bounds the samples of --fully-async: add --fully-async")
+        for flag in ("max_weight_staleness", "max_inflight_groups"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} applies to --fully-async only: add --fully-async")
         return
     if getattr(args, "colocate", False):
         raise ValueError("--fully-async generates while the trainer trains: it needs separate devices, drop --colocate")

@@ -6,10 +6,12 @@ finished groups the filter keeps. `take(version)` hands the trainer the next `--
 waiting only while fewer are ready; a group over --max-weight-staleness at that version never trains: it is
 generated again from its prompt, or dropped (--stale-group-policy), and counted.
 
-How many groups it holds (generating + ready) is bounded: one batch plus as many groups as the servers take
-requests (--sglang-server-concurrency x servers / --n-samples-per-prompt), and under --max-weight-staleness N no
-more than could still train within N versions (a group started now trains after those ahead of it), so few are
-generated only to be thrown away.
+How many groups generate at once is bounded by --max-inflight-groups (default one batch, as AReaL's
+max_concurrent_rollouts; never more than the servers take requests for): every request in flight shares the
+engines' decode steps, so fewer of them let a long response end within the staleness bound. How many it holds
+(generating + ready) is bounded too: one batch plus those in flight, and under --max-weight-staleness N no more
+than could still train within N versions (a group started now trains after those ahead of it), so few are
+generated only to be thrown away. The oldest ready groups train first.
 
 Weight updates: `pause(mode)` stops starting work and pauses every server (SGLang's /pause_generation: `abort`
 returns in-flight requests with their tokens, which continue after the update as a partial rollout; `retract` and
@@ -26,14 +28,14 @@ import time
 from typing import Any
 
 from buffer.buffer import Buffer
-from rollout.abort import abort_and_drain
+from rollout.abort import abort_all_servers, abort_and_drain
 from rollout.context import RolloutContext
 from rollout.filters import apply_dynamic_filter
 from rollout.group import run_group
 from rollout.pause import continue_all, pause_all
 from rollout.postprocess import finish_rollout
 from rollout.sampling import MAX_DROPPED_PER_KEPT, reset_sample, return_to_buffer
-from rollout.staleness import LAUNCH_VERSION, mask_older_spans, stale_group, staleness_metrics
+from rollout.staleness import LAUNCH_VERSION, mask_older_spans, oldest_version, stale_group, staleness_metrics
 from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,11 @@ def _tokens(group: list[Sample]) -> int:
     return sum(s.response_length for s in group)
 
 
+def _oldest(group: list[Sample], version: int) -> int:
+    """The oldest weight version of the group's tokens (`version` when none is known)."""
+    return min((v for v in map(oldest_version, group) if v is not None), default=version)
+
+
 class ContinuousRollout:
     """Keeps groups generating between training steps; `take` hands out the next batch (all on one event loop)."""
 
@@ -57,7 +64,8 @@ class ContinuousRollout:
         self.ctx, self.buffer, self.params, self.args = ctx, buffer, params, args
         self.batch, self.bound = args.rollout_batch_size, args.max_weight_staleness
         servers = max(1, len(ctx.server_urls))
-        self.concurrency_groups = max(1, args.sglang_server_concurrency * servers // args.n_samples_per_prompt)
+        served = max(1, args.sglang_server_concurrency * servers // args.n_samples_per_prompt)
+        self.inflight = min(getattr(args, "max_inflight_groups", None) or self.batch, served)
         self.version = version  # the servers' weight version
         self.next_train = version  # the version the next batch trains at
         self.running: dict[asyncio.Task[str], list[Sample]] = {}
@@ -84,7 +92,7 @@ class ContinuousRollout:
 
     def capacity(self) -> int:
         """How many groups may be held (generating + ready)."""
-        cap = self.batch + self.concurrency_groups
+        cap = self.batch + self.inflight
         if self.bound is not None:
             # Versions the next batch trains behind the servers' (1 while a step trains, before its update).
             lag = self.next_train - self.version
@@ -95,7 +103,7 @@ class ContinuousRollout:
         """Start groups from the buffer up to the capacity (not while paused or stopping)."""
         if self.stopping or self.error is not None or not self.gate.is_set():
             return
-        room = self.capacity() - len(self.running) - len(self.ready)
+        room = min(self.capacity() - len(self.running) - len(self.ready), self.inflight - len(self.running))
         if room > 0:
             for group in self.buffer.get_groups(room):
                 self._start(group)
@@ -235,7 +243,7 @@ class ContinuousRollout:
                 )
             await self.changed.wait()
         waited = time.monotonic() - start
-        self.ready.sort(key=lambda g: (g[0].group_index is None, g[0].group_index or 0))
+        self.ready.sort(key=lambda g: (_oldest(g, version), g[0].group_index is None, g[0].group_index or 0))
         batch, self.ready = self.ready[: self.batch], self.ready[self.batch :]
         self.next_train = version + 1
         if self.args.mask_offpolicy_in_partial_rollout:
@@ -287,11 +295,19 @@ class ContinuousRollout:
         self._clock()
         if mode == "abort":
             self.ctx.aborting = True  # nothing new is sent, and the answers are aborts we asked for
+            # Abort first and wait for the answers: SGLang's abort-mode pause looks again only once a second while
+            # any request is in flight (~1 s per update, scripts/bench/README.md).
+            await abort_all_servers(self.ctx)
+            await self._answered()
         await asyncio.to_thread(pause_all, urls, mode)
         if mode == "abort":
-            deadline = time.monotonic() + ABORT_ANSWER_WAIT
-            while self.ctx.inflight and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await self._answered()
+
+    async def _answered(self) -> None:
+        """Wait (bounded) until every request sent has answered."""
+        deadline = time.monotonic() + ABORT_ANSWER_WAIT
+        while self.ctx.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     async def resume(self, version: int, urls: list[str]) -> None:
         """After a weight update: continue every server on weight `version`; paused groups go on."""

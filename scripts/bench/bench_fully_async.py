@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-weight-staleness", type=int, default=2, help="fully async only; -1: unbounded (docs/fully-async.md)"
     )
     p.add_argument(
+        "--max-inflight-groups", type=int, default=None, help="fully async only (default: the loop's, one batch)"
+    )
+    p.add_argument(
         "--pause-generation-mode", default="abort", choices=("abort", "retract", "in_place"), help="fully async only"
     )
     p.add_argument("--sft-steps", type=int, default=60, help="SFT warm start steps, as the demo")
@@ -101,6 +104,8 @@ def run_mode(name: str, model: Path, work: Path, a: argparse.Namespace, data: Pa
     module, extra = MODES[name]
     if name == "fully":
         extra = [*extra, "--pause-generation-mode", a.pause_generation_mode]
+        if a.max_inflight_groups is not None:
+            extra += ["--max-inflight-groups", str(a.max_inflight_groups)]
         if a.max_weight_staleness >= 0:
             extra += ["--max-weight-staleness", str(a.max_weight_staleness)]
     out = work / "runs" / name

@@ -155,8 +155,9 @@ def _take(args: SimpleNamespace, versions: list[int], version: int) -> tuple[Any
 
 def test_take_never_trains_a_group_over_the_bound_and_regenerates_it() -> None:
     batch, metrics, buffer, rollout = _take(_args(), [3, 5, 4, 2, 5], version=5)
-    # Bound 1 at version 5: groups made at 3 and 2 are stale; 5, 4, 5 are not; the batch is the first two by index.
-    assert [g[0].group_index for g in batch] == [1, 2]
+    # Bound 1 at version 5: groups made at 3 and 2 are stale; 5, 4, 5 are not; the oldest train first: the group
+    # made at 4, then the first by index of those made at 5.
+    assert [g[0].group_index for g in batch] == [2, 1]
     assert all(staleness(s, 5) <= 1 for g in batch for s in g)
     assert metrics["rollout/groups_stale_regenerated"] == 2
     # Back in the buffer as their prompts: no tokens, no spans, metadata as drawn.
@@ -177,26 +178,42 @@ def test_take_drops_stale_groups_with_the_drop_policy() -> None:
     assert len(buffer) == 0
 
 
-def test_capacity_leaves_room_only_for_groups_that_can_still_train() -> None:
-    async def main() -> list[int]:
+@pytest.mark.parametrize(
+    ("bound", "lag", "inflight", "capacity", "generating"),
+    [
+        # Unbounded: a batch (2) + the groups in flight (default one batch); at most as many generate.
+        (None, 0, None, 4, 2),
+        # In flight: as asked, but never more than the servers take (4 requests x 2 servers / 2 samples = 4).
+        (None, 0, 3, 5, 3),
+        (None, 0, 8, 6, 4),
+        # Bound N: (N + 1 - lag) batches held at most (lag 1: a step is training on the servers' weights).
+        (2, 0, 8, 6, 4),
+        (2, 1, 8, 4, 4),
+        (0, 0, None, 2, 2),
+        (0, 1, None, 0, 0),
+    ],
+)
+def test_capacity_leaves_room_only_for_groups_that_can_still_train(
+    bound: int | None, lag: int, inflight: int | None, capacity: int, generating: int
+) -> None:
+    async def main() -> tuple[int, int]:
         hooks = RolloutHooks(generate=None, group_generate=False, reward=None, buffer_filter=fifo_buffer_filter)
-        caps = []
-        for bound, lag in ((None, 0), (2, 0), (2, 1), (0, 0), (0, 1)):
-            args = _args(max_weight_staleness=bound)
-            ctx = RolloutContext(args, None, "", None, None, server_urls=["u", "v"], hooks=hooks)
-            rollout = ContinuousRollout(ctx, Buffer(Source()), {}, version=3)
-            rollout.next_train = 3 + lag  # lag 1: a step is training on the servers' weights
-            caps.append(rollout.capacity())
-        return caps
+        args = _args(max_weight_staleness=bound, max_inflight_groups=inflight)
+        ctx = RolloutContext(args, None, "", None, None, server_urls=["u", "v"], hooks=hooks)
+        rollout = ContinuousRollout(ctx, Buffer(Source()), {}, version=3)
+        rollout.next_train = 3 + lag
+        rollout._start = lambda group: rollout.running.__setitem__(object(), group)  # count, generate nothing
+        rollout.fill()
+        return rollout.capacity(), len(rollout.running)
 
-    # Unbounded: a batch (2) + 4 requests x 2 servers / 2 samples = 6; bound N: (N + 1 - lag) batches.
-    assert asyncio.run(main()) == [6, 6, 4, 2, 0]
+    assert asyncio.run(main()) == (capacity, generating)
 
 
 def _flags(**kw: Any) -> SimpleNamespace:
     base = dict(
         fully_async=True,
         max_weight_staleness=None,
+        max_inflight_groups=None,
         pause_generation_mode="abort",
         colocate=False,
         rollout_function_path=None,
@@ -212,6 +229,8 @@ def _flags(**kw: Any) -> SimpleNamespace:
         ({"colocate": True}, "drop --colocate"),
         ({"fully_async": False, "max_weight_staleness": 2}, "add --fully-async"),
         ({"max_weight_staleness": -1}, "must be 0 or more"),
+        ({"fully_async": False, "max_inflight_groups": 4}, "--max-inflight-groups applies to --fully-async"),
+        ({"max_inflight_groups": 0}, "must be 1 or more"),
         ({"rollout_function_path": "my.rollout"}, "drop --rollout-function-path my.rollout"),
         ({"over_sampling_batch_size": 8}, "--over-sampling-batch-size"),
     ],
