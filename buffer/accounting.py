@@ -39,6 +39,18 @@ class AccountingError(RuntimeError):
     """A rollout's groups do not add up: a group was lost or counted twice (a bug, never the data's fault)."""
 
 
+def all_failed(groups: list[list[Sample]]) -> str | None:
+    """None unless every sample failed; then what failed them: the counts by reason and the commonest errors."""
+    samples = [s for g in groups for s in g]
+    if not samples or any(s.status != Status.FAILED for s in samples):
+        return None
+    errors = Counter(s.metadata.get("generate_error") or s.metadata.get("reward_error") or "?" for s in samples)
+    reasons = Counter(failure_reason(g) for g in groups)
+    quoted = "; ".join(f"{n} x {text[:300]}" for text, n in errors.most_common(3))
+    by_reason = ", ".join(f"{n} groups by {reason}" for reason, n in reasons.most_common())
+    return f"all {len(samples)} samples failed ({by_reason}): {quoted}"
+
+
 def failure_reason(group: list[Sample]) -> str | None:
     """None when some sample of the group can train; else why none can (generate, reward, aborted, empty, mixed)."""
     reasons = set()

@@ -12,12 +12,13 @@ from typing import Any
 
 import ray
 
+from buffer.accounting import all_failed
 from buffer.train_data import build_train_data
 from rollout.manager import RolloutManager
 from slime_like.actor_group import WATCH_INTERVAL, TrainGroup
 from slime_like.arguments import resolve_precision
 from slime_like.core.cluster import node_options
-from slime_like.core.errors import ArgumentError, NodeLostError
+from slime_like.core.errors import ArgumentError, NodeLostError, RolloutFailedError
 from slime_like.core.logs import setup_logging
 from slime_like.megatron import checkpoint_layout as layout
 from slime_like.megatron.cpu_compat import transformer_engine_available
@@ -153,6 +154,12 @@ class Run:
     def train(self, rollout_id: int, rollout: ray.ObjectRef) -> dict[str, Any]:
         """Wait for a rollout, turn it into training data and take this rollout's optimizer steps."""
         groups, metrics = self.wait(rollout, f"rollout {rollout_id} generated")
+        failed = all_failed(groups)
+        if failed:  # training on nothing step after step would hide it
+            raise RolloutFailedError(
+                f"rollout {rollout_id}: {failed}. Generation errors point at the engines or the router (their "
+                "logs under --output-dir), reward errors at the reward function (--rm-type, --custom-rm-path)."
+            )
         data = build_train_data(groups, reward_key=self.args.reward_key)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
         colocated_gpu = self.args.colocate and self.use_gpu and self.args.offload_rollout is not False

@@ -18,9 +18,11 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -55,10 +57,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-weight-staleness", type=int, default=2, help="fully async only; -1: unbounded (docs/fully-async.md)"
     )
     p.add_argument(
-        "--max-inflight-groups", type=int, default=None, help="fully async only (default: the loop's, one batch)"
+        "--max-inflight-groups",
+        type=int,
+        default=12,
+        help="fully async only: 12 groups (96 requests) decode a long response within 2 steps; 0: the loop's default",
     )
     p.add_argument(
         "--pause-generation-mode", default="abort", choices=("abort", "retract", "in_place"), help="fully async only"
+    )
+    p.add_argument(
+        "--job-flags",
+        default="--use-tis",
+        help="more training flags for all three loops (pass as --job-flags='...'); the default corrects stale "
+        "samples (without it one step of staleness stopped the learning: scripts/bench/README.md)",
     )
     p.add_argument("--sft-steps", type=int, default=60, help="SFT warm start steps, as the demo")
     p.add_argument("--mode-timeout", type=float, default=1200, help="seconds one loop may run")
@@ -95,8 +106,41 @@ def job_flags(model: Path, work: Path, a: argparse.Namespace, train_data: Path, 
         "--eval-temperature", "0",
         "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu),
         "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--lr", "3e-4", "--clip-grad", "1.0",
-        "--ray-num-cpus", "4", "--output-dir", str(out),
+        "--ray-num-cpus", "4", "--output-dir", str(out), *shlex.split(a.job_flags),
     ]  # fmt: skip
+
+
+def cpu_jiffies() -> tuple[float, float]:
+    """(busy, total) CPU time of all cores since boot, from /proc/stat."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)  # idle and iowait are not busy
+
+
+class CpuWatch(threading.Thread):
+    """How busy the machine's cores are over the measured steps: from the end of step `first - 1` (its record in
+    metrics.jsonl) to the end of step `last`, polled every 0.2 s."""
+
+    def __init__(self, metrics: Path, first: int, last: int) -> None:
+        super().__init__(daemon=True)
+        self.metrics, self.first, self.last = metrics, first, last
+        self.marks: dict[int, tuple[float, float]] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        if self.first == 0:
+            self.marks[-1] = cpu_jiffies()
+        while not self.done.wait(0.2) and self.last not in self.marks:
+            lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
+            steps = {json.loads(line)["step"] for line in lines if '"time/step"' in line}
+            for step in {self.first - 1, self.last} & steps - set(self.marks):
+                self.marks[step] = cpu_jiffies()
+
+    def busy(self) -> float:
+        """Fraction of all cores' time spent busy over the measured steps (nan if not seen)."""
+        if self.first - 1 not in self.marks or self.last not in self.marks:
+            return math.nan
+        (b0, t0), (b1, t1) = self.marks[self.first - 1], self.marks[self.last]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else math.nan
 
 
 def run_mode(name: str, model: Path, work: Path, a: argparse.Namespace, data: Path, tag: str) -> dict[str, Any]:
@@ -104,7 +148,7 @@ def run_mode(name: str, model: Path, work: Path, a: argparse.Namespace, data: Pa
     module, extra = MODES[name]
     if name == "fully":
         extra = [*extra, "--pause-generation-mode", a.pause_generation_mode]
-        if a.max_inflight_groups is not None:
+        if a.max_inflight_groups:
             extra += ["--max-inflight-groups", str(a.max_inflight_groups)]
         if a.max_weight_staleness >= 0:
             extra += ["--max-weight-staleness", str(a.max_weight_staleness)]
@@ -113,14 +157,17 @@ def run_mode(name: str, model: Path, work: Path, a: argparse.Namespace, data: Pa
     cmd = [sys.executable, "-m", module, *job_flags(model, work, a, data, out), *extra]
     print(f"\n== {name}: python -m {module} {' '.join(extra)} ==", flush=True)
     start = time.monotonic()
+    watch = CpuWatch(out / "metrics.jsonl", a.warmup, a.num_rollout - 1)
+    watch.start()
     try:
         run_logged(cmd, work / "logs" / f"{name}.log", a.mode_timeout)
     finally:
+        watch.done.set()
         kill_leftovers(tag, module, grace=10)
     wall = time.monotonic() - start
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     print(f"  done in {wall:.0f}s (log {work / 'logs' / f'{name}.log'})", flush=True)
-    return {"records": records, "wall": wall}
+    return {"records": records, "wall": wall, "cpu_busy": watch.busy()}
 
 
 def trained_tokens(r: dict[str, Any]) -> float:
@@ -155,6 +202,7 @@ def figures(name: str, run: dict[str, Any], a: argparse.Namespace) -> dict[str, 
         "eval_final": evals[-1]["eval/reward_mean"] if evals else math.nan,
         "eval_n": evals[-1].get("eval/all/num_samples", math.nan) if evals else math.nan,
         "wall": run["wall"],
+        "cpu_busy": run["cpu_busy"],
         # Samples whose generation failed: a run with any did not do the same work as the others.
         "failed_samples": sum(r.get("rollout/failed_rate", 0) * r.get("rollout/num_samples", 0) for r in steps),
         "startup": steps[0].get("time/startup", math.nan) if steps else math.nan,
@@ -192,6 +240,7 @@ def report(figs: dict[str, dict[str, float]], a: argparse.Namespace) -> None:
         ("  ratio to sync", None, "{:.2f}"),
         ("engine idle fraction", "engine_idle_frac", "{:.2f}"),
         ("trainer idle fraction", "trainer_idle_frac", "{:.2f}"),
+        ("machine CPU busy fraction", "cpu_busy", "{:.2f}"),
         ("eval reward, first", "eval_first", "{:.2f}"),
         ("eval reward, final", "eval_final", "{:.2f}"),
         ("wall time (s)", "wall", "{:.0f}"),
@@ -266,8 +315,10 @@ def main(argv: list[str] | None = None) -> None:
             f"job: tiny Qwen3 after {a.sft_steps} SFT steps; {a.rollout_batch_size} prompts x {a.n_samples_per_prompt} "
             f"samples a step, {a.num_rollout} steps; responses exactly {a.response_len} tokens, {a.long_factor}x "
             f"({a.response_len * a.long_factor}) for {n_long} of the {n_rows} training prompts (every "
-            f"{a.long_every}th row); 1 SGLang engine, 1 trainer rank, disaggregated; fully async with "
-            f"--max-weight-staleness {a.max_weight_staleness} --pause-generation-mode {a.pause_generation_mode}",
+            f"{a.long_every}th row); 1 SGLang engine, 1 trainer rank, disaggregated; all with "
+            f"{a.job_flags or 'no more flags'}; fully async with --max-weight-staleness {a.max_weight_staleness} "
+            f"--max-inflight-groups {a.max_inflight_groups or 'default'} --pause-generation-mode "
+            f"{a.pause_generation_mode}",
             flush=True,
         )
         figs: dict[str, dict[str, float]] = {}

@@ -21,3 +21,7 @@ class WeightUpdateError(EngineError):
 
 class NodeLostError(RuntimeError):
     """A Ray node the run placed trainer ranks or engines on died; the message names it and what it held."""
+
+
+class RolloutFailedError(RuntimeError):
+    """Every sample of a rollout failed (generation or reward): the step would train on nothing."""

@@ -42,6 +42,22 @@ async def generate(ctx, sample, params):
     return await default_generate(ctx, sample, params)
 """
 
+# A generate function that marks what it generated, and a reward that makes every odd group's rewards equal (the
+# dynamic filter drops those) and every even group's differ.
+TAGGING_PLUGIN = """
+from rollout.generate import generate as default_generate
+
+
+async def generate(ctx, sample, params):
+    sample = await default_generate(ctx, sample, params)
+    sample.metadata["generated_by"] = "tagging_plugin"
+    return sample
+
+
+def reward(args, sample):
+    return float(sample.group_index % 2 == 0 and sample.index % 2 == 0)
+"""
+
 
 @pytest.fixture(scope="module")
 def pause_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
@@ -61,10 +77,12 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(8)]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "long_plugin.py").write_text(PLUGIN)
+    (root / "tagging_plugin.py").write_text(TAGGING_PLUGIN)
     sys.path.insert(0, str(root))
     yield root
     sys.path.remove(str(root))
     sys.modules.pop("long_plugin", None)
+    sys.modules.pop("tagging_plugin", None)
 
 
 def in_flight(server: SGLangServer) -> int:
@@ -231,3 +249,21 @@ def test_resume_trains_the_groups_in_flight(
         before = saved.get(sample["index"])
         if before and before["response_length"] and sample["version_spans"][0][0] <= 1:
             assert sample["tokens"][: len(before["tokens"])] == before["tokens"]
+
+
+@pytest.mark.slow
+def test_generate_and_reward_plugins_and_dynamic_sampling(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+    records = run_loop(
+        tiny_qwen3, task, tmp_path, "--custom-generate-function-path", "tagging_plugin.generate",
+        "--custom-rm-path", "tagging_plugin.reward",
+        "--dynamic-sampling-filter-path", "rollout.filters.check_reward_nonzero_std",
+    )  # fmt: skip
+    per_step = trained(tmp_path)
+    check_steps(records, per_step, 0)
+    samples = [s for step in per_step.values() for s in step]
+    assert all(s["metadata"]["generated_by"] == "tagging_plugin" for s in samples)
+    # Only groups whose rewards differ trained; the others were dropped by the filter and counted.
+    assert all(s["group_index"] % 2 == 0 for s in samples)
+    assert sorted({s["reward"] for s in samples}) == [0.0, 1.0]
+    steps = [r for r in records if "train/loss" in r]
+    assert sum(r.get("rollout/groups_dropped", 0) for r in steps) >= NUM_ROLLOUT

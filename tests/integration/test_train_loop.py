@@ -36,12 +36,13 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(N_PROMPTS)]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "raising_rm.py").write_text(REWARD_PLUGIN)
+    (root / "down_rm.py").write_text("def reward(args, sample):\n    raise ConnectionError('reward service down')\n")
     return root
 
 
-def run_loop(module: str, model: Path, task: Path, out: Path, *extra: str, num_rollout: int = 6) -> list[dict]:
-    """Run `python -m module` with a small config; return its metrics records."""
-    cmd = [
+def loop_command(module: str, model: Path, task: Path, out: Path, *extra: str, num_rollout: int = 6) -> list[str]:
+    """`python -m module` with a small config."""
+    return [
         sys.executable, "-m", module,
         "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"), "--rollout-shuffle",
         "--input-key", "prompt", "--label-key", "label",
@@ -52,8 +53,16 @@ def run_loop(module: str, model: Path, task: Path, out: Path, *extra: str, num_r
         "--output-dir", str(out), "--save-debug-rollout-data", "--ray-num-cpus", "4",
         "--custom-rm-path", "raising_rm.reward", *extra,
     ]  # fmt: skip
+
+
+def run_command(cmd: list[str], task: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+def run_loop(module: str, model: Path, task: Path, out: Path, *extra: str, num_rollout: int = 6) -> list[dict]:
+    """Run `python -m module` with a small config; return its metrics records."""
+    proc = run_command(loop_command(module, model, task, out, *extra, num_rollout=num_rollout), task)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -155,3 +164,18 @@ def test_resume_ends_where_the_uninterrupted_run_ends(
     assert_same_metrics(tmp_path / "resumed", out / "run", [3, 4, 5, 6])
     assert eval_responses(tmp_path / "resumed", 3) == eval_responses(out / "run", 3)
     assert_same_weights(tmp_path / "ckpt" / "iter_0000005", out / "ckpt" / "iter_0000005")
+
+
+@pytest.mark.slow
+def test_a_rollout_whose_every_sample_failed_stops_the_run(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+    """Not step after step of training on nothing: the first such rollout stops the run, quoting the error."""
+    cmd = loop_command("slime_like.train", tiny_qwen3, task, tmp_path / "run", num_rollout=3)
+    proc = run_command([*cmd, "--custom-rm-path", "down_rm.reward"], task)  # the last --custom-rm-path wins
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "RolloutFailedError: rollout 0: all 4 samples failed (2 groups by reward)" in output, output[-5000:]
+    assert "ConnectionError('reward service down')" in output and "--custom-rm-path" in output
+    assert (
+        not (tmp_path / "run" / "metrics.jsonl").exists()
+        or "train/loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    )

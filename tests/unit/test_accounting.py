@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from buffer.accounting import AccountingError, GroupLedger, failure_reason
+from buffer.accounting import AccountingError, GroupLedger, all_failed, failure_reason
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
 from rollout.context import RolloutContext
@@ -160,6 +160,20 @@ def test_failure_reasons() -> None:
     assert failure_reason([s(Status.FAILED, reward_error="x")]) == "reward"
     assert failure_reason([s(Status.TRUNCATED, 0)]) == "empty"
     assert failure_reason([s(Status.ABORTED), s(Status.FAILED, reward_error="x")]) == "mixed"
+
+
+def test_a_rollout_whose_every_sample_failed_is_described() -> None:
+    def failed(**meta: Any) -> Sample:
+        return Sample(status=Status.FAILED, response_length=2, metadata=meta)
+
+    down = [[failed(generate_error="connection refused: http://127.0.0.1:1")] * 2 for _ in range(3)]
+    rm = [[failed(reward_error="ValueError('no label')")] * 2]
+    assert all_failed(down + [[failed(), Sample(status=Status.COMPLETED, response_length=2)]]) is None
+    assert all_failed([]) is None
+    assert all_failed(down + rm) == (
+        "all 8 samples failed (3 groups by generate, 1 groups by reward): 6 x connection refused: "
+        "http://127.0.0.1:1; 2 x ValueError('no label')"
+    )
 
 
 def test_custom_rollout_functions_are_counted_and_may_not_repeat_a_group() -> None:
