@@ -107,7 +107,9 @@ class Run:
         }
         path = Path(self.args.output_dir) / "placement.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        partial = path.with_suffix(".json.partial")  # rewritten after engine restarts: readers see whole files
+        partial.write_text(json.dumps(record, indent=1))
+        os.replace(partial, path)
 
     def _check_tensor_transport(self) -> None:
         """The tensor transport hands tensors over on one node: every engine must be on trainer rank 0's node
@@ -175,11 +177,7 @@ class Run:
     def update_weights(self, rollout_id: int) -> float:
         """Push the trained weights into every server, tagged with version rollout_id + 1; then, with
         --offload-train, the trainer's memory leaves the GPU until the next train."""
-        if self.args.use_fault_tolerance:  # engines that failed a health check restart now, on their slots
-            urls = self.wait(self.rollout.recover_engines.remote(), "dead engines restarted")
-            if urls != self.server_urls:
-                self.server_urls = urls
-                self.engines = ray.get(self.rollout.engine_layout.remote())
+        self._recover_engines()
         seconds = self.trainer.update_weights(
             self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir
         )
@@ -188,6 +186,17 @@ class Run:
         self.weights_pushed = True
         self._offload_trainer()
         return seconds
+
+    def _recover_engines(self) -> None:
+        """--use-fault-tolerance: engines that failed a health check restart now, on their slots; placement.json
+        follows their new pids."""
+        if not self.args.use_fault_tolerance:
+            return
+        self.server_urls = self.wait(self.rollout.recover_engines.remote(), "dead engines restarted")
+        engines = ray.get(self.rollout.engine_layout.remote())
+        if engines != self.engines:
+            self.engines = engines
+            self._write_placement()
 
     def _offload_trainer(self) -> None:
         """With --offload-train on GPU: trainer memory off the GPU (no-op when already off); keep the accounting."""
@@ -327,11 +336,7 @@ class Run:
         generation is paused) and dead engines restart, as in `update_weights`."""
         args = self.args
         start = time.monotonic()
-        if args.use_fault_tolerance:
-            urls = self.wait(self.rollout.recover_engines.remote(), "dead engines restarted")
-            if urls != self.server_urls:
-                self.server_urls = urls
-                self.engines = ray.get(self.rollout.engine_layout.remote())
+        self._recover_engines()
         self.wait(self.rollout.pause_generation.remote(args.pause_generation_mode), "generation paused")
         try:
             self.trainer.update_weights(self.server_urls, rollout_id + 1, args.update_weight_transport, args.output_dir)

@@ -117,9 +117,16 @@ def test_fully_async_an_engine_killed_mid_generation_is_restarted_and_nothing_is
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", API_KEY_ENV: secrets.token_urlsafe(8)}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def engine_1() -> int:
+        return json.loads((out / "placement.json").read_text())["engines"][1]["pids"][0]
+
     try:
         wait_for("the first step", lambda: steps_done(out) >= 1, proc)
-        os.kill(json.loads((out / "placement.json").read_text())["engines"][1]["pids"][0], signal.SIGKILL)
+        dead = engine_1()
+        os.kill(dead, signal.SIGKILL)
+        wait_for("placement.json to show the restarted engine", lambda: engine_1() != dead, proc)
+        assert psutil.pid_exists(engine_1())
         output, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
