@@ -9,6 +9,7 @@ and pushes its weights while generation is paused, not drained (rollout/continuo
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,8 @@ from slime_like.arguments import parse_args
 
 if TYPE_CHECKING:
     from slime_like.run import Run
+
+logger = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +29,13 @@ def main(argv: list[str] | None = None) -> None:
     from slime_like.run import Run
 
     with Run(args) as run:
+        on_policy = args.fully_async and args.max_weight_staleness == 0
+        if not (on_policy or args.use_tis or args.use_mis or args.use_decoupled_loss):
+            logger.warning(
+                "train_async without an off-policy correction: samples from older weights train uncorrected, "
+                "which stopped the learning in our long-tail benchmark (docs/fully-async.md); add --use-tis, "
+                "--use-mis or --use-decoupled-loss"
+            )
         (fully_async if args.fully_async else one_step_ahead)(run, args)
         run.finish()
 
