@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -126,6 +127,16 @@ def reference(tiny_qwen3: Path, task: Path, tmp_path_factory: pytest.TempPathFac
     return root / "run", root / "ckpt"
 
 
+def kill_rank_1(out: Path, proc: subprocess.Popen[str]) -> tuple[dict[str, Any], float]:
+    """SIGKILL trainer rank 1 (its pid from the run's placement.json); its record, and the seconds until the run
+    stopped."""
+    victim = json.loads((out / "placement.json").read_text())["trainer"][1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    proc.wait(timeout=120)
+    return victim, time.monotonic() - killed
+
+
 def test_a_killed_trainer_rank_stops_the_run_and_a_resume_ends_where_the_run_would_have(
     reference: tuple[Path, Path], tiny_qwen3: Path, task: Path, tmp_path: Path
 ) -> None:
@@ -134,11 +145,7 @@ def test_a_killed_trainer_rank_stops_the_run_and_a_resume_ends_where_the_run_wou
     try:
         # Rollout 2 generated (iter_0000001 was saved after rollout 1): the ranks are training it now.
         wait_for("rollout 2", lambda: (out / "rollouts" / "rollout_000002.jsonl").exists(), proc, log, 0.05)
-        victim = json.loads((out / "placement.json").read_text())["trainer"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed = time.monotonic()
-        proc.wait(timeout=120)
-        stopped = time.monotonic() - killed
+        victim, stopped = kill_rank_1(out, proc)
     finally:
         proc.kill()
     output = log.read_text()
@@ -202,11 +209,7 @@ def test_a_trainer_rank_killed_during_a_long_rollout_stops_the_run_before_the_ro
     proc = start(cmd, task, log)
     try:
         wait_for("rollout 2 to be held", held.exists, proc, log, 0.2)
-        victim = json.loads((out / "placement.json").read_text())["trainer"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed = time.monotonic()
-        proc.wait(timeout=120)
-        stopped = time.monotonic() - killed
+        victim, stopped = kill_rank_1(out, proc)
     finally:
         proc.kill()
     output = log.read_text()
