@@ -215,14 +215,15 @@ def stop_engines(engines: list[Engine], timeout: float = 60.0) -> None:
 class RouterHost:
     """sglang-router in its own Ray actor, bound to its node's address."""
 
-    def __init__(self, worker_urls: list[str], policy: str | None, log_dir: str) -> None:
+    def __init__(self, worker_urls: list[str], policy: str | None, log_dir: str, port: int | None = None) -> None:
         _, host = where_am_i()
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        self.router = SGLangRouter(worker_urls, host=host, policy=policy, log_dir=log_dir)
+        self.router = SGLangRouter(worker_urls, host=host, port=port, policy=policy, log_dir=log_dir)
 
     def start(self) -> str:
-        """Start the router and wait until it lists every worker healthy; its URL."""
-        self.router.start()
+        """Start the router and wait until it lists every worker healthy; its URL. On `port` when given and free
+        (the port of a router whose actor died), else on a free one."""
+        self.router.restart(self.router.worker_urls)  # nothing to stop yet: starts it, moving if the port is taken
         return self.router.url
 
     def list_workers(self) -> list[dict[str, Any]]:
@@ -256,10 +257,12 @@ class RouterHost:
         return self.router.stop()
 
 
-def start_router(worker_urls: list[str], policy: str | None, log_dir: str, env: dict[str, str]) -> tuple[Any, str]:
-    """The router actor on this process's node, started; (handle, URL)."""
+def start_router(
+    worker_urls: list[str], policy: str | None, log_dir: str, env: dict[str, str], port: int | None = None
+) -> tuple[Any, str]:
+    """The router actor on this process's node, started (on `port` when given and free); (handle, URL)."""
     node_id, _ = where_am_i()
-    actor = ray.remote(RouterHost).options(**node_options(node_id, env)).remote(worker_urls, policy, log_dir)
+    actor = ray.remote(RouterHost).options(**node_options(node_id, env)).remote(worker_urls, policy, log_dir, port)
     try:
         return actor, ray.get(actor.start.remote())
     except BaseException:

@@ -12,6 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import ray
@@ -148,7 +149,7 @@ class RolloutManager:
             log_dir=log_dir,
             startup_timeout=self.args.sglang_startup_timeout,
         )
-        self._launch, self._use_gpu, self._env = launch, use_gpu, env
+        self._launch, self._use_gpu, self._env, self._log_dir = launch, use_gpu, env, log_dir
         self.engines = start_engines(launch, engine_slots, use_gpu, env)
         try:
             self._server_urls = [e.url for e in self.engines]
@@ -228,11 +229,18 @@ class RolloutManager:
             self._restart_router(error)
 
     def _restart_router(self, error: Exception) -> None:
-        """(Router lock held.) A new router process in place of the dead one, on its port when free, and every live
-        engine registered with it again (restarted ones waiting for their first update join in `rejoin_engines`)."""
+        """(Router lock held.) A new router process in place of the dead one (in a new actor if its actor died too),
+        on its port when free, and every live engine registered with it again (restarted ones waiting for their
+        first update join in `rejoin_engines`)."""
         old = self._router_url
         try:
-            url, code = ray.get(self.router.restart.remote(), timeout=300)
+            try:
+                url, code = ray.get(self.router.restart.remote(), timeout=300)
+                died = "was hung and was stopped" if code is None else f"exited with code {code}"
+            except ray.exceptions.RayActorError as exc:  # the router process died with it: a new actor, same node
+                port = urlsplit(old).port
+                self.router, url = start_router([], self.args.router_policy, self._log_dir, self._env, port)
+                died = f"died with its Ray actor ({type(exc).__name__})"
         except Exception as exc:
             self._router_down = f"sglang-router at {old} failed ({error}) and could not be restarted: {exc}"
             raise EngineError(self._router_down) from exc
@@ -248,7 +256,6 @@ class RolloutManager:
                 ray.get(self.router.add_worker.remote(engine.url), timeout=120)
             except Exception as exc:  # it does not pass the router's check: restarted at the next weight update
                 self._engine_failed(engine, exc)
-        died = "was hung and was stopped" if code is None else f"exited with code {code}"
         logger.warning("sglang-router at %s failed (%s; its process %s): router restarted at %s with %d engine(s) "
                        "registered again (restart %d)", old, error, died, url, len(live), self.router_restarts)  # fmt: skip
 

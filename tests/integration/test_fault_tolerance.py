@@ -162,9 +162,11 @@ def killed(pid: int) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.parametrize("victim", ["process", "actor"])
 def test_a_router_killed_mid_rollout_is_restarted_on_its_port_and_nothing_is_lost(
-    tiny_qwen3: Path, task: Path, tmp_path: Path
+    victim: str, tiny_qwen3: Path, task: Path, tmp_path: Path
 ) -> None:
+    """The router's process, or the Ray actor that runs it (and the process with it: a new actor takes over)."""
     out, rollouts = tmp_path / "run", 4
     # Engine checks every 120 s: only the wake of the first failed request can restart the router within the
     # requests' retry window (about 50 s), so a sample would fail if that did not work.
@@ -199,7 +201,9 @@ def test_a_router_killed_mid_rollout_is_restarted_on_its_port_and_nothing_is_los
         while not generating():
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-6000:]
             time.sleep(0.01)
-        os.kill(router_pid, signal.SIGKILL)
+        actor = psutil.Process(router_pid).parent()
+        assert actor is not None and "RouterHost" in " ".join(actor.cmdline()), actor
+        os.kill(router_pid if victim == "process" else actor.pid, signal.SIGKILL)
         proc.wait(timeout=600)
         reader.join(30)
     finally:
@@ -210,6 +214,7 @@ def test_a_router_killed_mid_rollout_is_restarted_on_its_port_and_nothing_is_los
     restarts = [line for line in output.splitlines() if "router restarted at" in line]
     assert len(restarts) == 1 and f"sglang-router at {router_url} failed" in restarts[0], output[-6000:]
     assert f"router restarted at {router_url} with 2 engine(s)" in restarts[0]  # same port; both engines back
+    assert ("died with its Ray actor" in restarts[0]) == (victim == "actor"), restarts[0]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/loss" in r]
     assert len(train) == rollouts
