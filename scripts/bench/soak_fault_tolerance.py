@@ -39,8 +39,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-TAG = "SLIME_LIKE_SOAK_TAG"  # in the environment of every process the run starts (Ray's included)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop import REPO, TAG, kill_leftovers, tagged_processes  # noqa: E402
+
 API_KEY_ENV = "SLIME_LIKE_API_KEY"  # slime_like.core.secret.API_KEY_ENV: the run's secret, set here to ask the router
 
 
@@ -113,20 +114,6 @@ def run_command(args: argparse.Namespace, model: Path, data: Path, out: Path) ->
     ]  # fmt: skip
 
 
-def tagged(tag: str) -> list[Any]:
-    """Live processes carrying the soak's tag (everything the run started)."""
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
 def _flag(cmdline: list[str], flag: str) -> str | None:
     return cmdline[cmdline.index(flag) + 1] if flag in cmdline[:-1] else None
 
@@ -134,7 +121,7 @@ def _flag(cmdline: list[str], flag: str) -> str | None:
 def leaders(tag: str, module: str) -> dict[int, int]:
     """port -> pid of the run's processes running `module` that lead their session (the server, not its children)."""
     out = {}
-    for proc in tagged(tag):
+    for proc in tagged_processes(tag):
         try:
             cmdline = proc.cmdline()
             if module in cmdline and os.getsid(proc.pid) == proc.pid and _flag(cmdline, "--port"):
@@ -147,7 +134,7 @@ def leaders(tag: str, module: str) -> dict[int, int]:
 def router_ports(tag: str) -> list[int]:
     """Ports the run's router listens on (it renames itself `sglang::router`, so its command line names no port)."""
     ports = []
-    for proc in tagged(tag):
+    for proc in tagged_processes(tag):
         try:
             if "router" in proc.name() and os.getsid(proc.pid) == proc.pid:
                 ports += [c.laddr.port for c in proc.net_connections(kind="inet") if c.status == "LISTEN"]
@@ -251,27 +238,6 @@ class Killer(threading.Thread):
                     kill.serving_again = self.now()
                     print(f"[soak {kill.serving_again:6.0f}s] every engine serves again", flush=True)
         return ok
-
-
-def stop_leftovers(tag: str) -> None:
-    """SIGTERM, then SIGKILL, by pid, what the run started and left running."""
-    import psutil
-
-    procs = tagged(tag)
-    if not procs:
-        return
-    print(f"[soak] stopping {len(procs)} process(es) the run left: {[p.pid for p in procs]}", flush=True)
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
 
 
 def total(records: list[dict[str, Any]], key: str) -> int:
@@ -385,8 +351,7 @@ def run_soak(args: argparse.Namespace, work: Path, out: Path, log: Path) -> dict
             killer.stop.set()
             killer.join(timeout=30)
     wall = time.monotonic() - start
-    time.sleep(5)  # Ray tears its workers down as the driver exits
-    stop_leftovers(tag)
+    kill_leftovers(tag, "the soak run", grace=5)  # Ray tears its workers down as the driver exits
     record = {
         "exit_status": code,
         "wall_s": wall,
