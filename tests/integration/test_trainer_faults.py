@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -127,14 +126,19 @@ def reference(tiny_qwen3: Path, task: Path, tmp_path_factory: pytest.TempPathFac
     return root / "run", root / "ckpt"
 
 
-def kill_rank_1(out: Path, proc: subprocess.Popen[str]) -> tuple[dict[str, Any], float]:
-    """SIGKILL trainer rank 1 (its pid from the run's placement.json); its record, and the seconds until the run
-    stopped."""
+def kill_rank_1(out: Path, proc: subprocess.Popen[str], log: Path) -> tuple[str, str]:
+    """SIGKILL trainer rank 1 (its pid from the run's placement.json) and check the run stopped, failing, within
+    60 s; the run's output and the start of the error that names the rank, its node and process."""
     victim = json.loads((out / "placement.json").read_text())["trainer"][1]
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
     proc.wait(timeout=120)
-    return victim, time.monotonic() - killed
+    stopped = time.monotonic() - killed
+    output = log.read_text()
+    print(f"stopped {stopped:.1f} s after the kill")
+    assert proc.returncode != 0 and stopped < 60, output[-6000:]
+    node = f"{victim['address']}/{victim['node'][:8]}"
+    return output, f"TrainerRankLostError: trainer rank 1 (node {node}, pid {victim['pid']})"
 
 
 def test_a_killed_trainer_rank_stops_the_run_and_a_resume_ends_where_the_run_would_have(
@@ -145,14 +149,10 @@ def test_a_killed_trainer_rank_stops_the_run_and_a_resume_ends_where_the_run_wou
     try:
         # Rollout 2 generated (iter_0000001 was saved after rollout 1): the ranks are training it now.
         wait_for("rollout 2", lambda: (out / "rollouts" / "rollout_000002.jsonl").exists(), proc, log, 0.05)
-        victim, stopped = kill_rank_1(out, proc)
+        output, named = kill_rank_1(out, proc, log)
     finally:
         proc.kill()
-    output = log.read_text()
-    print(f"stopped {stopped:.1f} s after the kill")
-    assert proc.returncode != 0 and stopped < 60, output[-6000:]
     # One error, naming the rank, its node and process, and the checkpoint to resume from.
-    named = f"TrainerRankLostError: trainer rank 1 (node {victim['address']}/{victim['node'][:8]}, pid {victim['pid']})"
     assert named in output, output[-6000:]
     resume = f"The last complete checkpoint is {save / 'iter_0000001'}: resume with --load {save}."
     assert resume in output, output[-6000:]
@@ -209,15 +209,9 @@ def test_a_trainer_rank_killed_during_a_long_rollout_stops_the_run_before_the_ro
     proc = start(cmd, task, log)
     try:
         wait_for("rollout 2 to be held", held.exists, proc, log, 0.2)
-        victim, stopped = kill_rank_1(out, proc)
+        output, named = kill_rank_1(out, proc, log)
     finally:
         proc.kill()
-    output = log.read_text()
-    print(f"stopped {stopped:.1f} s after the kill")
-    assert proc.returncode != 0 and stopped < 60, output[-6000:]
     # Noticed while the driver waited for the rollout (not at the next trainer call, minutes later).
-    named = (
-        f"TrainerRankLostError: trainer rank 1 (node {victim['address']}/{victim['node'][:8]}, pid {victim['pid']}) "
-    )
-    assert named + "died while rollout 2 generated" in output, output[-6000:]
+    assert named + " died while rollout 2 generated" in output, output[-6000:]
     assert f"The last complete checkpoint is {save / 'iter_0000001'}: resume with --load {save}." in output
