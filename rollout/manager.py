@@ -296,6 +296,16 @@ class RolloutManager:
         if failure is not None:
             raise EngineError(f"{what}: {failure}") from error
 
+    def _run_checked(self, coro: Awaitable[Any], what: str) -> Any:
+        """Run `coro` on the loop; EngineError naming the router if it is gone after `what`, failed or not."""
+        try:
+            result = self._run(coro)
+        except Exception as exc:
+            self._check_router_after(what, exc)
+            raise
+        self._check_router_after(what)
+        return result
+
     def recover_engines(self) -> list[str]:
         """Before a weight update: pause the health checks, check every engine once more, restart every dead one on
         its slots (out of the router until `rejoin_engines`); returns every engine's URL, the restarted ones' new."""
@@ -430,12 +440,7 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
         """Generate, score and filter `--rollout-batch-size` groups; returns them with metrics."""
         start = time.monotonic()
-        try:
-            groups, counters = self._run(self._rollout(rollout_id))
-        except Exception as exc:
-            self._check_router_after(f"rollout {rollout_id}", exc)
-            raise
-        self._check_router_after(f"rollout {rollout_id}")
+        groups, counters = self._run_checked(self._rollout(rollout_id), f"rollout {rollout_id}")
         metrics = rollout_metrics(groups, self.args.reward_key)
         elapsed = time.monotonic() - start
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
@@ -473,12 +478,7 @@ class RolloutManager:
         if not self.eval_datasets and self.hooks.eval_function is None:
             return {}
         start = time.monotonic()
-        try:
-            metrics, groups = self._run(self._evaluate(rollout_id))
-        except Exception as exc:
-            self._check_router_after(f"evaluation at rollout {rollout_id}", exc)
-            raise
-        self._check_router_after(f"evaluation at rollout {rollout_id}")
+        metrics, groups = self._run_checked(self._evaluate(rollout_id), f"evaluation at rollout {rollout_id}")
         metrics["eval/time"] = time.monotonic() - start
         if groups:
             self._dump(f"eval_{rollout_id:06d}", groups)
