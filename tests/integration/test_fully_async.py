@@ -23,6 +23,7 @@ from rollout.manager import RolloutManager
 from rollout.pause import server_args
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
+from slime_like.core.secret import auth_headers
 from tests.conftest import REPO_ROOT
 
 BATCH, N = 2, 2
@@ -87,7 +88,9 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def in_flight(server: SGLangServer) -> int:
     """Requests the server holds (running or waiting)."""
-    return sum(r["num_reqs"] for r in requests.get(f"{server.url}/get_load", timeout=10).json())
+    # The run secret too: a server started after an earlier test made one demands it (slime_like.core.secret).
+    load = requests.get(f"{server.url}/get_load", headers=auth_headers(), timeout=10)
+    return sum(r["num_reqs"] for r in load.json())
 
 
 def check_spans(groups: list[list], version: int, bound: int) -> None:
