@@ -629,7 +629,7 @@ class Bench:
 
     def update(self) -> None:
         """Section 4 (informational): export, /flush_cache and the whole update, medians of 4."""
-        from rollout.sglang_server import flush_cache
+        from rollout.sglang_client import flush_cache
 
         print("\n== 4. Weight update breakdown (TrainActor -> SGLang, distributed transport) ==", flush=True)
         urls = [s.url for s in self.servers]

@@ -241,10 +241,13 @@ class Sample:
                 if trainable and before:
                     raise ValueError("append_response_tokens: earlier response tokens have no log-probs")
                 self.rollout_log_probs = [0.0] * before
-            self.tokens = self.tokens + new
+            # In place, as slime's `+=`: plugins hold `sample.loss_mask` (or `tokens`) while they append turns.
+            if not isinstance(self.tokens, list):  # a tuple or tensor from a plugin: `+=` would not extend it
+                self.tokens = [int(t) for t in self.tokens]
+            self.tokens += new
             self.response_length += len(new)
-            self.loss_mask = self.loss_mask + [1 if trainable else 0] * len(new)
-            self.rollout_log_probs = self.rollout_log_probs + (lps if trainable else [0.0] * len(new))
+            self.loss_mask += [1 if trainable else 0] * len(new)
+            self.rollout_log_probs += lps if trainable else [0.0] * len(new)
             self.add_version_spans(len(new), meta_info if trainable else None)
         if meta_info is not None and update_terminal_info and "finish_reason" in meta_info:
             self._apply_terminal_info(args, meta_info)

@@ -19,13 +19,14 @@ API_KEY_ENV = "SLIME_LIKE_API_KEY"
 
 # Run by `python -c` in front of sglang-router, which takes its key only as `--api-key`: the key is added to the
 # arguments inside the process, so it stays out of the command line (world-readable in /proc/PID/cmdline on
-# every node; the environment is readable by the same user only).
+# every node; the environment is readable by the same user only). One `--api-key=KEY` token, so a key that starts
+# with `-` is still read as the value.
 LAUNCH_WITH_KEY = f"""
 import os, runpy, sys
 module = sys.argv.pop(1)
 key = os.environ.get({API_KEY_ENV!r})
 if key:
-    sys.argv += ["--api-key", key]
+    sys.argv.append("--api-key=" + key)
 sys.argv[0] = module
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
@@ -39,11 +40,18 @@ def api_key() -> str | None:
 run_secret = api_key  # the name where a parameter called `api_key` shadows the function
 
 
+def new_api_key() -> str:
+    """A fresh secret of 256 bits, never starting with `-`."""
+    # token_urlsafe's alphabet has `-`: a key starting with it is read as a flag by the argument parsers of
+    # SGLang and sglang-router (`--api-key: expected one argument`), one run in 64. Hex has no `-`.
+    return secrets.token_hex(32)
+
+
 def ensure_api_key() -> str:
-    """This run's secret, made now (secrets.token_urlsafe, 256 bits) if this process has none yet."""
+    """This run's secret, made now (`new_api_key`) if this process has none yet."""
     key = api_key()
     if key is None:
-        key = os.environ[API_KEY_ENV] = secrets.token_urlsafe(32)
+        key = os.environ[API_KEY_ENV] = new_api_key()
     return key
 
 

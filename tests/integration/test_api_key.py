@@ -20,7 +20,8 @@ from rollout.sglang_server import SGLangServer
 from slime_like.core.errors import EngineError
 from slime_like.core.secret import API_KEY_ENV
 
-KEY = secrets.token_urlsafe(32)
+# A user-set key may start with `-` (a flag to a naive launcher): this one does, so both launchers are tested on it.
+KEY = "-" + secrets.token_urlsafe(32)
 GENERATE = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
 
 

@@ -13,7 +13,7 @@ from rollout.context import RolloutContext, running
 from rollout.router import SGLangRouter
 from rollout.sglang_server import SGLangServer
 from slime_like.core import cluster, slime_finder
-from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, api_key, auth_headers, ensure_api_key, same_origin
+from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, api_key, auth_headers, ensure_api_key, new_api_key, same_origin
 
 
 @pytest.fixture
@@ -25,9 +25,24 @@ def no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_secret_is_made_once_and_then_kept(no_secret: None) -> None:
     assert api_key() is None and auth_headers() == {}
     key = ensure_api_key()
-    assert len(key) >= 40  # token_urlsafe(32): 256 bits
+    assert len(key) == 64 and int(key, 16) >= 0  # 256 bits in hex
     assert ensure_api_key() == key == api_key()
     assert auth_headers() == {"Authorization": f"Bearer {key}"}
+
+
+def test_new_secrets_never_start_with_a_dash() -> None:
+    """A leading `-` made SGLang's and the router's parsers take the key for a flag (one run in 64 before)."""
+    assert not any(new_api_key().startswith("-") for _ in range(2000))
+
+
+def test_a_key_starting_with_a_dash_reaches_the_parser_as_a_value() -> None:
+    """argparse, as SGLang's and sglang-router's launchers use it, reads the launcher's `--api-key=KEY` form."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key")
+    parser.add_argument("--port")
+    assert parser.parse_args(["--port", "1", "--api-key=-Xy_z"]).api_key == "-Xy_z"
 
 
 def test_a_secret_set_by_the_user_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +96,7 @@ def test_the_launcher_adds_the_secret_inside_the_process(monkeypatch: pytest.Mon
         "runpy.run_module", lambda module, **kw: seen.update(module=module, argv=list(__import__("sys").argv))
     )
     exec(LAUNCH_WITH_KEY, {})
-    assert seen == {"module": "some.module", "argv": ["some.module", "--port", "1", "--api-key", "k1"]}
+    assert seen == {"module": "some.module", "argv": ["some.module", "--port", "1", "--api-key=k1"]}
 
 
 def test_slime_http_utils_send_the_secret_to_our_router_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,6 +141,21 @@ def test_sample_speaks_slime() -> None:
     assert back == s and back.custom_attribute == [1] and back.status is Status.TRUNCATED
 
 
+def test_append_response_tokens_grows_the_lists_in_place() -> None:
+    """slime's multi-turn examples hold `sample.loss_mask` while they append turns: the held lists must grow too."""
+    s = Sample("q", [1, 2])
+    s.append_response_tokens(tokens=[5], log_probs=[-0.5])
+    tokens, mask, log_probs = s.tokens, s.loss_mask, s.rollout_log_probs
+    s.append_response_tokens(tokens=[6, 7], trainable=False)
+    s.append_response_tokens(tokens=[8], log_probs=[-0.25])
+    assert tokens is s.tokens and tokens == [1, 2, 5, 6, 7, 8]
+    assert mask is s.loss_mask and mask == [1, 0, 0, 1]
+    assert log_probs is s.rollout_log_probs and log_probs == [-0.5, 0.0, 0.0, -0.25]
+    t = Sample("q", tuple([1]))
+    t.append_response_tokens(tokens=[3], log_probs=[-1.0])
+    assert t.tokens == [1, 3]
+
+
 def test_slime_args_view() -> None:
     args = Namespace(rollout_max_response_len=8, rollout_num_gpus=2, rollout_num_gpus_per_engine=1)
     view = slime_contract.slime_args(args)
