@@ -13,7 +13,15 @@ from rollout.context import RolloutContext, running
 from rollout.router import SGLangRouter
 from rollout.sglang_server import SGLangServer
 from slime_like.core import cluster, slime_finder
-from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, api_key, auth_headers, ensure_api_key, new_api_key, same_origin
+from slime_like.core.secret import (
+    API_KEY_ENV,
+    LAUNCH_WITH_KEY,
+    api_key,
+    auth_headers,
+    ensure_api_key,
+    new_api_key,
+    same_origin,
+)
 
 
 @pytest.fixture
