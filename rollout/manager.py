@@ -416,31 +416,10 @@ class RolloutManager:
             finally:
                 self._contexts.pop(id(ctx), None)
 
-    async def _rollout(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
-        async with self._context() as ctx:
-            if self.hooks.rollout_function is not None:
-                # A custom rollout drops groups itself: its draws and returns are counted, not balanced.
-                ledger = self.buffer.open_ledger()
-                try:
-                    groups = await self.hooks.rollout_function(ctx, rollout_id, self.buffer)
-                finally:
-                    self.buffer.close_ledger()
-                groups = check_groups(groups, "--rollout-function-path")
-                counts = ledger.counts()
-                for key in ("groups_drawn", "groups_drawn_source", "groups_drawn_buffer", "groups_returned"):
-                    ctx.count(key, counts[key])
-            else:
-                groups = await generate_rollout(ctx, self.buffer, sampling_params_from_args(self.args))
-            finish_rollout(ctx, groups)
-            counters = dict(ctx.counters)
-        for key, n in self.hooks.reward.drain_counters().items():
-            counters[key] = counters.get(key, 0) + n
-        return groups, counters
-
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
         """Generate, score and filter `--rollout-batch-size` groups; returns them with metrics."""
         start = time.monotonic()
-        groups, counters = self._run_checked(self._rollout(rollout_id), f"rollout {rollout_id}")
+        groups, counters = self._run_checked(_rollout(self, rollout_id), f"rollout {rollout_id}")
         metrics = rollout_metrics(groups, self.args.reward_key)
         elapsed = time.monotonic() - start
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
@@ -462,23 +441,12 @@ class RolloutManager:
         self._dump(f"rollout_{rollout_id:06d}", groups)
         return groups, metrics
 
-    async def _evaluate(self, rollout_id: int) -> tuple[dict[str, Any], list[list[Sample]]]:
-        async with self._context(evaluation=True) as ctx:
-            if self.hooks.eval_function is not None:
-                metrics = await self.hooks.eval_function(ctx, rollout_id, self.eval_datasets)
-                if not isinstance(metrics, dict):
-                    raise TypeError("--eval-function-path must return a dict of metrics")
-                return metrics, []
-            metrics, groups = await evaluate_datasets(ctx, self.eval_datasets, eval_sampling_params(self.args))
-            metrics.update({f"eval/{k}": v for k, v in ctx.counters.items()})
-            return metrics, groups
-
     def evaluate(self, rollout_id: int) -> dict[str, Any]:
         """Generation over every eval dataset (greedy by default): mean reward and pass@k per dataset."""
         if not self.eval_datasets and self.hooks.eval_function is None:
             return {}
         start = time.monotonic()
-        metrics, groups = self._run_checked(self._evaluate(rollout_id), f"evaluation at rollout {rollout_id}")
+        metrics, groups = self._run_checked(_evaluate(self, rollout_id), f"evaluation at rollout {rollout_id}")
         metrics["eval/time"] = time.monotonic() - start
         if groups:
             self._dump(f"eval_{rollout_id:06d}", groups)
@@ -507,7 +475,7 @@ class RolloutManager:
     def state_dict(self) -> dict[str, Any]:
         """The buffer's state, saved with the checkpoint (with --fully-async, the groups in flight too)."""
         if self._continuous is not None:
-            return self._run(self._on_loop(self._continuous.state_dict))
+            return self._run(_call(self._continuous.state_dict))
         return self.buffer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -541,9 +509,6 @@ class RolloutManager:
     # --fully-async: the continuous rollout (rollout/continuous.py) runs on this manager's event loop.
     _continuous: ContinuousRollout | None = None
     _continuous_main: Future[None] | None = None
-
-    async def _on_loop(self, fn: Callable[[], Any]) -> Any:
-        return fn()
 
     def _start_continuous(self, version: int) -> None:
         """Open a rollout context for the rest of the run and start generating on weight `version`."""
@@ -598,3 +563,49 @@ class RolloutManager:
         except Exception as exc:  # shutting down: report, then still stop the servers
             logger.warning("stopping the fully-async rollout: %r", exc)
         self._continuous = None
+
+
+# The manager's coroutines live outside the class: Ray takes a class with an `async def` method for an asyncio
+# actor, on whose event loop every blocking ray.get (engine and router calls) warns. Its calls run one at a time
+# either way (measured: sync methods of an asyncio actor run one by one on its loop thread).
+
+
+async def _rollout(manager: RolloutManager, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
+    """One rollout on the manager's loop: generate, score, filter; its groups and counters."""
+    async with manager._context() as ctx:
+        if manager.hooks.rollout_function is not None:
+            # A custom rollout drops groups itself: its draws and returns are counted, not balanced.
+            ledger = manager.buffer.open_ledger()
+            try:
+                groups = await manager.hooks.rollout_function(ctx, rollout_id, manager.buffer)
+            finally:
+                manager.buffer.close_ledger()
+            groups = check_groups(groups, "--rollout-function-path")
+            counts = ledger.counts()
+            for key in ("groups_drawn", "groups_drawn_source", "groups_drawn_buffer", "groups_returned"):
+                ctx.count(key, counts[key])
+        else:
+            groups = await generate_rollout(ctx, manager.buffer, sampling_params_from_args(manager.args))
+        finish_rollout(ctx, groups)
+        counters = dict(ctx.counters)
+    for key, n in manager.hooks.reward.drain_counters().items():
+        counters[key] = counters.get(key, 0) + n
+    return groups, counters
+
+
+async def _evaluate(manager: RolloutManager, rollout_id: int) -> tuple[dict[str, Any], list[list[Sample]]]:
+    """One evaluation on the manager's loop: its metrics and groups."""
+    async with manager._context(evaluation=True) as ctx:
+        if manager.hooks.eval_function is not None:
+            metrics = await manager.hooks.eval_function(ctx, rollout_id, manager.eval_datasets)
+            if not isinstance(metrics, dict):
+                raise TypeError("--eval-function-path must return a dict of metrics")
+            return metrics, []
+        metrics, groups = await evaluate_datasets(ctx, manager.eval_datasets, eval_sampling_params(manager.args))
+        metrics.update({f"eval/{k}": v for k, v in ctx.counters.items()})
+        return metrics, groups
+
+
+async def _call(fn: Callable[[], Any]) -> Any:
+    """fn() on the manager's loop (state that only that loop's thread touches)."""
+    return fn()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import time
 from collections import defaultdict
@@ -51,6 +52,9 @@ def start_ray(args: Any) -> None:
         return
     # One machine: the node registers under loopback, so every engine and the router bind 127.0.0.1 only.
     _stay_on_loopback()
+    # Ray 2.60 turns token authentication on for a new local instance (kept: the instance runs our code) and warns
+    # that it did, at every start; RAY_AUTH_MODE set by the user still decides.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # The object store is capped: SGLang servers share this machine's memory.
     ray.init(
         address="local",  # never join another Ray instance that happens to run on this machine

@@ -3,8 +3,8 @@
 Each entry point and each Ray actor calls `setup_logging` first. The driver, the rollout manager and
 trainer rank 0 log our records to the console at --log-level and libraries' from WARNING up (Ray
 forwards an actor's console to the driver); the other trainer ranks show only our warnings and every
-error there, so a message every rank emits (Megatron's "Apex is not installed" fallback notes, say) is
-shown once per run, by rank 0. Every process also writes
+error there, so a message every rank emits is shown once per run, by rank 0; library warnings every CPU start
+raises and no user acts on (Megatron's "Apex is not installed" notes) stay off the console. Every process writes
 everything at --log-level to `<output-dir>/logs/<role>.log`.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -33,14 +34,29 @@ class _Role(logging.Filter):
         return True
 
 
+# Library warnings every start of the CPU path raises, none of which asks the user to act: Megatron's notes that
+# it runs without Apex and Transformer Engine (six of them, one per module that checks), that its own default
+# cuda_graph_scope is deprecated (mbridge builds a config with it before ours), and torch's deprecation notes on
+# collectives and `.grad` reads inside Megatron. They stay in the log file, off the console.
+EXPECTED_LIBRARY_WARNINGS = re.compile(
+    r"(Transformer Engine and )?Apex (is|are) not installed"
+    r"|`torch\.distributed\.\w+` is deprecated"
+    r"|The \.grad attribute of a Tensor that is not a leaf Tensor"
+    r"|full scope is deprecated\. Use empty cuda_graph_scope"
+)
+
+
 class _Console(logging.Filter):
-    """Lets through our own records and libraries' records from `library_level` up (the rest stay in the file)."""
+    """Lets through our own records and libraries' records from `library_level` up (the rest stay in the file),
+    except the expected library warnings."""
 
     def __init__(self, library_level: int) -> None:
         super().__init__()
         self.library_level = library_level
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "py.warnings" and EXPECTED_LIBRARY_WARNINGS.search(record.getMessage()):
+            return False
         return record.levelno >= self.library_level or record.name.split(".")[0] in OUR_PACKAGES
 
 
