@@ -5,7 +5,8 @@
 - rloo: reward minus the leave-one-out mean of its group (rloo.py).
 - reinforce_plus_plus(_baseline): KL-shaped token returns, whitened over the batch (reinforce_pp.py).
 - ppo: GAE on KL-shaped token rewards with the critic's values; returns are the critic's targets (ppo.py).
-With --normalize-advantages the result is also whitened over all loss-masked tokens of the rollout
+With --use-opd every estimator's (and a custom one's) advantages also take the teacher's reverse KL penalty
+(opd.py). With --normalize-advantages the result is then whitened over all loss-masked tokens of the rollout
 (REINFORCE++ always is). Rewards arrive with DAPO's overlong penalty already added.
 
 A custom estimator (--custom-advantage-function-path pkg.module.fn) has the signature
@@ -24,6 +25,7 @@ import torch
 from slime_like.algorithms.grpo import grpo_advantages
 from slime_like.algorithms.kl import kl_estimate
 from slime_like.algorithms.names import ESTIMATORS
+from slime_like.algorithms.opd import opd_advantages
 from slime_like.algorithms.ppo import gae
 from slime_like.algorithms.reinforce_pp import reinforce_pp_advantages
 from slime_like.algorithms.returns import masked_whiten, shaped_token_rewards
@@ -41,6 +43,7 @@ class AdvantageInputs:
     ref_log_probs: list[torch.Tensor] | None = None  # the reference snapshot's, when a KL term is on
     rollout_log_probs: list[torch.Tensor | None] | None = None  # SGLang's, where the sample has them
     values: list[torch.Tensor] | None = None  # the critic's (ppo)
+    teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd: the teacher's, of the sampled tokens
     # Rewards a slime reward post-process already normalised: grpo/gspo/cispo take them as the advantage and
     # reinforce_plus_plus_baseline skips its group baseline (what slime's post-process replaces).
     rewards_normalized: bool = False
@@ -52,6 +55,7 @@ class Advantages:
 
     advantages: list[torch.Tensor]
     returns: list[torch.Tensor] | None = None
+    opd_reverse_kl: list[torch.Tensor] | None = None  # --use-opd: log pi_old - log pi_teacher per token
 
 
 def _broadcast(scalars: list[float], masks: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -75,6 +79,16 @@ def compute_advantages(args: Any, inputs: AdvantageInputs, custom: Callable[...,
         result = out if isinstance(out, Advantages) else Advantages(list(out))
     else:
         result = _builtin(args, inputs)
+    if getattr(args, "use_opd", False):
+        if inputs.teacher_log_probs is None:
+            raise ValueError(
+                "--use-opd needs each sample's teacher_log_probs: with --opd-type sglang a reward post-process sets "
+                "them (slime.rollout.on_policy_distillation.post_process_rewards, with its reward_func as "
+                "--custom-rm-path and the teacher server as --rm-url)"
+            )
+        result.advantages, result.opd_reverse_kl = opd_advantages(
+            result.advantages, inputs.log_probs, inputs.teacher_log_probs, masks, args.opd_kl_coef
+        )
     if args.normalize_advantages and not args.advantage_estimator.startswith("reinforce_plus_plus"):
         result.advantages = masked_whiten(result.advantages, masks)
     return result
