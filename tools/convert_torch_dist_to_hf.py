@@ -6,7 +6,8 @@ Example:
 --load is a run directory (the checkpoint its latest_checkpointed_iteration.txt names, "release" included),
 one iter_XXXXXXX/ or release/ directory, or a plain torch_dist directory. Only the model weights are read.
 --hf-checkpoint is the original HF directory: the model is built from its config, and its config,
-tokenizer, chat template and generation config are copied next to the new weights. The layout used
+tokenizer, chat template and generation config are copied next to the new weights, with its multi-token-prediction
+layers (GLM-4.5, DeepSeek-V3), which the engine does not train. The layout used
 here may differ from the one the checkpoint was saved with (the model weights are resharded). A
 checkpoint whose tensor shapes do not match the HF config stops the tool naming each tensor.
 """
@@ -14,6 +15,7 @@ checkpoint whose tensor shapes do not match the HF config stops the tool naming 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from slime_like.megatron import checkpoint_conversion as conv
     from slime_like.megatron.checkpoint import load_checkpoint, model_sharded_state_dict
-    from slime_like.megatron.model import export_hf_weights
+    from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
 
     bridge, model, ours = conv.prepare_model(args, "convert_torch_dist_to_hf")
     args.load = _checkpoint_dir(args.load)
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         for _ in weights:  # the gather over TP/PP/EP ranks is collective
             pass
     else:
+        # Tensors Megatron does not hold (multi-token-prediction layers) are copied from --hf-checkpoint unchanged.
+        weights = itertools.chain(weights, untrained_hf_weights(bridge))
         files = conv.write_safetensors(weights, args.save, int(args.max_shard_size_gb * 1024**3))
         conv.copy_model_files(args.hf_checkpoint, args.save)
         conv.set_config_dtype(args.save, bridge.dtype)

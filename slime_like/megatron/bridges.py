@@ -7,7 +7,13 @@ mbridge 0.15.1 builds Megatron models from HF configs; three of its bridges need
   megatron-core 0.16 renamed `original_max_position_embeddings`; it also asks for the fused attention
   backend (CUDA only), leaves out group-limited routing (`n_group`/`topk_group`), and reads the
   rope scaling from transformers 4's `rope_scaling`.
+- GLM-4.5 (glm4_moe): mbridge ignores `n_shared_experts`, `n_group`/`topk_group` and the rope settings of
+  transformers 5 (`partial_rotary_factor` in `rope_parameters`), and asks for an auxiliary loss.
+- GLM-4-0414 (glm4): no mbridge bridge; Qwen2's plus interleaved partial rope and sandwich norms
+  (slime_like.megatron.sandwich_norms).
 - Every family: transformers 5 keeps `rope_theta` in `rope_parameters` (fixed on the config first).
+- Multi-token prediction (`num_nextn_predict_layers` > 0, GLM-4.5 and DeepSeek-V3 checkpoints): Megatron builds
+  the main layers only; the MTP layers' tensors stay in the HF checkpoint (hf_weights.untrained_hf_names).
 The weights themselves are converted by slime_like.megatron.hf_weights with the name maps of
 slime_like.megatron.families, not by mbridge's loader (which assumes Transformer Engine names).
 """
@@ -17,7 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge.models.deepseek_v3 import DeepseekV3Bridge
+from mbridge.models.glm4moe import GLM4MoEBridge
 from mbridge.models.llama import LLaMABridge
+from mbridge.models.qwen2 import Qwen2Bridge
 from megatron.core.transformer.enums import AttnBackend
 
 
@@ -63,38 +71,134 @@ class Llama3Bridge(LLaMABridge):
         return args
 
 
+def _default_rope(hf_config: Any, family: str) -> dict[str, Any]:
+    """The rope settings of a family Megatron runs with plain rope only (a ValueError for any scaling)."""
+    rope = rope_parameters(hf_config)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", None):
+        raise ValueError(f"rope_type {kind!r} in the HF config is not supported for {family} (default only)")
+    return rope
+
+
+def _moe_layers(hf: Any) -> list[int]:
+    """1 for each MoE layer: GLM-4.7-Flash lists them (mlp_layer_types), the others make the first k dense."""
+    first_k = getattr(hf, "first_k_dense_replace", None)
+    by_first_k = None if first_k is None else [int(i >= first_k) for i in range(hf.num_hidden_layers)]
+    types = getattr(hf, "mlp_layer_types", None)
+    if not types:
+        return by_first_k
+    listed = [int(kind == "sparse") for kind in types[: hf.num_hidden_layers]]
+    if by_first_k is not None and listed != by_first_k:
+        # transformers follows mlp_layer_types, SGLang first_k_dense_replace: they would run different models.
+        raise ValueError(f"mlp_layer_types and first_k_dense_replace={first_k} in the HF config disagree")
+    return listed
+
+
+def sigmoid_moe_args(hf: Any) -> dict[str, Any]:
+    """Megatron MoE settings of DeepSeek-V3-style routing: sigmoid scores plus expert bias picks the experts,
+    their normalised scores times routed_scaling_factor weigh them; shared experts; first_k_dense_replace."""
+    # DeepSeek-V3's configuration code (Kimi-K2 ships it) names the routing; V2's softmax/greedy is another model.
+    if (getattr(hf, "scoring_func", "sigmoid"), getattr(hf, "topk_method", "noaux_tc")) != ("sigmoid", "noaux_tc"):
+        raise ValueError(
+            f"scoring_func={hf.scoring_func!r} / topk_method={hf.topk_method!r} in the HF config: only DeepSeek-V3's "
+            "sigmoid scores with expert bias (noaux_tc) are supported"
+        )
+    if not getattr(hf, "norm_topk_prob", True) and hf.num_experts_per_tok > 1:
+        raise ValueError("norm_topk_prob=false in the HF config: Megatron's sigmoid router always normalises")
+    extra: dict[str, Any] = {}
+    if (getattr(hf, "n_group", None) or 1) > 1:
+        # HF ranks a group by the sum of its 2 best experts, Megatron by its topk // topk_group best ones.
+        if hf.num_experts_per_tok // hf.topk_group != 2:
+            raise ValueError(
+                f"num_experts_per_tok={hf.num_experts_per_tok} and topk_group={hf.topk_group} in the HF config: "
+                "Megatron's group-limited routing matches transformers' only when their quotient is 2"
+            )
+        extra.update(moe_router_num_groups=hf.n_group, moe_router_group_topk=hf.topk_group)
+    return dict(
+        moe_ffn_hidden_size=hf.moe_intermediate_size,
+        moe_router_bias_update_rate=0.001,
+        moe_router_enable_expert_bias=True,
+        moe_router_topk=hf.num_experts_per_tok,
+        num_moe_experts=hf.n_routed_experts,
+        moe_shared_expert_intermediate_size=hf.moe_intermediate_size * hf.n_shared_experts,
+        moe_aux_loss_coeff=getattr(hf, "aux_loss_alpha", 0.001),
+        moe_router_load_balancing_type="none",  # RL: no auxiliary loss
+        moe_router_score_function="sigmoid",
+        moe_router_pre_softmax=True,
+        moe_router_topk_scaling_factor=hf.routed_scaling_factor,
+        moe_layer_freq=_moe_layers(hf),
+        moe_router_dtype="fp32",
+        **extra,
+    )
+
+
+class Glm4MoeCoreBridge(GLM4MoEBridge):
+    """GLM-4.5/4.6/4.7 (glm4_moe): GQA with qkv bias, partial rotate-half rope, optional QK norm, sigmoid MoE."""
+
+    def _build_config(self):
+        hf = self.hf_config
+        _default_rope(hf, "glm4_moe")
+        return self._build_base_config(
+            qk_layernorm=bool(getattr(hf, "use_qk_norm", False)),
+            add_qkv_bias=bool(getattr(hf, "attention_bias", False)),
+            add_bias_linear=False,
+            **sigmoid_moe_args(hf),
+        )
+
+    def _get_gptmodel_args(self) -> dict:
+        # transformers rotates the first partial_rotary_factor of each head with rotate-half (not interleaved),
+        # as Megatron's rotary_percent does.
+        return _partial_rope_args(self.hf_config, "glm4_moe")
+
+
+def _partial_rope_args(hf_config: Any, family: str) -> dict[str, Any]:
+    """GPTModel rope arguments of a family rotating the first partial_rotary_factor of each head (plain rope)."""
+    rope = _default_rope(hf_config, family)
+    factor = rope.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    return dict(
+        vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=rope["rope_theta"],
+        rotary_percent=float(factor),
+    )
+
+
+class Glm4Bridge(Qwen2Bridge):
+    """GLM-4-0414 / GLM-Z1 (glm4): dense, qkv bias, sandwich norms, interleaved rope on half of each head."""
+
+    sandwich_norms = True  # read by the layer spec builders (model.py and below)
+
+    def _build_config(self):
+        # transformers' Glm4 rotates interleaved pairs (x0, x1), (x2, x3)... of the rotary part.
+        return self._build_base_config(add_qkv_bias=bool(self.hf_config.attention_bias), rotary_interleaved=True)
+
+    def _get_gptmodel_args(self) -> dict:
+        return _partial_rope_args(self.hf_config, "glm4")
+
+    def _get_transformer_layer_spec(self, vp_stage: int | None = None):
+        from slime_like.megatron.sandwich_norms import add_sandwich_norms
+
+        return add_sandwich_norms(super()._get_transformer_layer_spec(vp_stage))
+
+
 class DeepseekV3CoreBridge(DeepseekV3Bridge):
-    """DeepSeek-V3 (MLA + MoE with shared experts and expert bias) for megatron-core 0.16."""
+    """DeepSeek-V3, Kimi-K2 and GLM-4.7-Flash (MLA + MoE with shared experts and expert bias), megatron-core 0.16."""
 
     def _build_config(self):
         hf = self.hf_config
         rope = rope_parameters(hf)
         kind = rope.get("rope_type", rope.get("type", "default"))
         yarn = kind == "yarn"
-        moe_layer_freq = [0 if i < hf.first_k_dense_replace else 1 for i in range(hf.num_hidden_layers)]
-        extra: dict[str, Any] = {}
-        if getattr(hf, "n_group", None) and hf.n_group > 1:
-            extra.update(moe_router_num_groups=hf.n_group, moe_router_group_topk=hf.topk_group)
-        if not getattr(hf, "norm_topk_prob", True):
-            raise ValueError("norm_topk_prob=false in the HF config: Megatron's sigmoid router always normalises")
-        if getattr(hf, "num_nextn_predict_layers", 0):
-            raise ValueError("num_nextn_predict_layers > 0 (multi-token prediction) is not supported; set it to 0")
+        # Megatron's MLA rotates interleaved pairs (DeepSeek's layout, transformers' rope_interleave=true) of the
+        # whole rope part of each head.
+        if not getattr(hf, "rope_interleave", True):
+            raise ValueError("rope_interleave=false in the HF config: Megatron's MLA rotates interleaved pairs only")
+        if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial_rotary_factor in the HF config: MLA rotates all qk_rope_head_dim dimensions")
         return self._build_base_config(
             attention_backend=AttnBackend.auto,
             qk_layernorm=True,
-            moe_ffn_hidden_size=hf.moe_intermediate_size,
-            moe_router_bias_update_rate=0.001,
-            moe_router_enable_expert_bias=True,
-            moe_router_topk=hf.num_experts_per_tok,
-            num_moe_experts=hf.n_routed_experts,
-            moe_shared_expert_intermediate_size=hf.moe_intermediate_size * hf.n_shared_experts,
-            moe_aux_loss_coeff=getattr(hf, "aux_loss_alpha", 0.001),
-            moe_router_load_balancing_type="none",  # RL: no auxiliary loss
-            moe_router_score_function="sigmoid",
-            moe_router_pre_softmax=True,
-            moe_router_topk_scaling_factor=hf.routed_scaling_factor,
-            moe_layer_freq=moe_layer_freq,
-            moe_router_dtype="fp32",
             q_lora_rank=hf.q_lora_rank,
             kv_lora_rank=hf.kv_lora_rank,
             qk_head_dim=hf.qk_nope_head_dim,
@@ -110,5 +214,5 @@ class DeepseekV3CoreBridge(DeepseekV3Bridge):
             ),
             beta_fast=float(rope.get("beta_fast", 32)),
             beta_slow=float(rope.get("beta_slow", 1)),
-            **extra,
+            **sigmoid_moe_args(hf),
         )

@@ -89,13 +89,13 @@ def prepare_model(args: argparse.Namespace, tool: str) -> tuple[Any, list, bool]
 
     import torch
     from megatron.core import parallel_state
-    from transformers import AutoConfig
 
+    from slime_like.core.hf_config import load_hf_config
     from slime_like.megatron.model import build_model, make_bridge
     from slime_like.megatron.parallel import init_parallel
 
     try:
-        check_arguments(args, AutoConfig.from_pretrained(args.hf_checkpoint), int(os.environ.get("WORLD_SIZE", "1")))
+        check_arguments(args, load_hf_config(args.hf_checkpoint), int(os.environ.get("WORLD_SIZE", "1")))
     except ConversionError as exc:
         sys.exit(f"{tool}: {exc}")
     ours = not parallel_state.model_parallel_is_initialized()

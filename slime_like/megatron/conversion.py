@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+# Kinds whose Megatron tensor is [gate; up]: separate HF tensors, or one already stacked (GLM-4's gate_up_proj).
+_GATE_UP = ("gate_up", "fused_gate_up")
+
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -42,6 +45,8 @@ def to_megatron(
         return torch.cat([weight, weight.new_zeros(rows - weight.shape[0], *weight.shape[1:])])
     if kind == "gate_up":
         return torch.cat(hf, dim=0)
+    if kind == "fused_gate_up":
+        return hf[0]
     if kind == "qkv":
         q, k, v = hf
         groups, per_group, hd = attn.num_query_groups, attn.heads_per_group, attn.head_dim
@@ -62,6 +67,8 @@ def to_hf(kind: str, full: torch.Tensor, attn: AttentionShape | None, hf_rows: i
         return [full if hf_rows is None else full[:hf_rows]]
     if kind == "gate_up":
         return list(full.chunk(2, dim=0))
+    if kind == "fused_gate_up":
+        return [full]
     if kind == "qkv":
         groups, per_group, hd = attn.num_query_groups, attn.heads_per_group, attn.head_dim
         tail = full.shape[1:]
@@ -79,7 +86,7 @@ def shard(kind: str, full: torch.Tensor, dim: int, size: int, rank: int) -> torc
     """
     if size == 1:
         return full
-    if kind == "gate_up":
+    if kind in _GATE_UP:
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=dim)[rank], up.chunk(size, dim=dim)[rank]], dim=0)
     return full.chunk(size, dim=dim)[rank]
@@ -89,7 +96,7 @@ def unshard(kind: str, shards: list[torch.Tensor], dim: int) -> torch.Tensor:
     """The full Megatron tensor from every TP rank's shard (the inverse of `shard`)."""
     if len(shards) == 1:
         return shards[0]
-    if kind == "gate_up":
+    if kind in _GATE_UP:
         halves = [s.chunk(2, dim=0) for s in shards]
         return torch.cat([torch.cat([h[0] for h in halves], dim=dim), torch.cat([h[1] for h in halves], dim=dim)])
     return torch.cat(shards, dim=dim)

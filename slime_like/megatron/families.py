@@ -6,6 +6,7 @@ tensors they are made of, with how they combine:
 - "copy": one HF tensor, same layout;
 - "qkv": q, k, v projections fused per query group (Megatron's layout: [q of the group, k, v]);
 - "gate_up": gate and up projections stacked (the SwiGLU fc1);
+- "fused_gate_up": the same fc1 stored as one HF tensor (GLM-4's gate_up_proj);
 - "vocab": embedding / output rows, padded in Megatron to a multiple of its vocabulary divisor.
 
 Megatron names are those of the local layer spec (what runs on CPU); Transformer Engine's names for
@@ -29,7 +30,7 @@ class Rule:
     """How one Megatron parameter is made of HF tensors."""
 
     hf: tuple[str, ...]
-    kind: str = "copy"  # copy | qkv | gate_up | vocab
+    kind: str = "copy"  # copy | qkv | gate_up | fused_gate_up | vocab
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ _DEEPSEEK_MOE = {
 }
 
 _DENSE_GQA = {**_EMBEDDINGS, **_LAYER_NORMS, **_GQA_ATTENTION, **_DENSE_MLP}
+_DEEPSEEK_V3 = {**_EMBEDDINGS, **_LAYER_NORMS, **_MLA_ATTENTION, **_DENSE_MLP, **_DEEPSEEK_MOE}
 
 
 def _families() -> dict[str, Family]:
@@ -106,10 +108,23 @@ def _families() -> dict[str, Family]:
         "llama": Family(bridges.Llama3Bridge, _DENSE_GQA),
         # Dense layers (mlp_only_layers) keep the dense MLP names.
         "qwen3_moe": Family(Qwen3MoEBridge, {**_DENSE_GQA, **_QK_NORM, **_ROUTED_EXPERTS}),
-        "deepseek_v3": Family(
-            bridges.DeepseekV3CoreBridge,
-            {**_EMBEDDINGS, **_LAYER_NORMS, **_MLA_ATTENTION, **_DENSE_MLP, **_DEEPSEEK_MOE},
+        "deepseek_v3": Family(bridges.DeepseekV3CoreBridge, _DEEPSEEK_V3),
+        # Kimi-K2: DeepSeek-V3's architecture under its own model_type (its config class is the checkpoint's code).
+        "kimi_k2": Family(bridges.DeepseekV3CoreBridge, _DEEPSEEK_V3),
+        # GLM-4.7-Flash: DeepSeek-V3's architecture; its dense layers are listed in mlp_layer_types.
+        "glm4_moe_lite": Family(bridges.DeepseekV3CoreBridge, _DEEPSEEK_V3),
+        # GLM-4-0414 / GLM-Z1: the sandwich norms are post-norms inside attention and MLP (sandwich_norms.py).
+        "glm4": Family(
+            bridges.Glm4Bridge,
+            {
+                **_DENSE_GQA,
+                f"{_M}.mlp.linear_fc1.weight": Rule((f"{_L}.mlp.gate_up_proj.weight",), "fused_gate_up"),
+                f"{_M}.self_attention.post_layernorm.weight": _copy(f"{_L}.post_self_attn_layernorm.weight"),
+                f"{_M}.mlp.post_layernorm.weight": _copy(f"{_L}.post_mlp_layernorm.weight"),
+            },
         ),
+        # GLM-4.5/4.6/4.7: qkv bias and QK norm map when the config has them; dense first_k_dense_replace layers.
+        "glm4_moe": Family(bridges.Glm4MoeCoreBridge, {**_DENSE_GQA, **_QK_NORM, **_DEEPSEEK_MOE}),
     }
 
 

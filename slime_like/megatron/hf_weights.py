@@ -10,7 +10,8 @@ for experts, over expert-parallel ranks, so every rank yields every full tensor.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,15 @@ from safetensors import safe_open
 
 from slime_like.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
 from slime_like.megatron.families import Rule, rules_for, template
+
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def untrained_hf_names(names: Iterable[str], hf_config: Any) -> list[str]:
+    """The checkpoint tensors no Megatron parameter holds: the multi-token-prediction layers (model.layers.{n}
+    for n >= num_hidden_layers), which Megatron does not build; a full export copies them from the checkpoint."""
+    layers = hf_config.num_hidden_layers
+    return sorted(n for n in names if (m := _HF_LAYER.match(n)) and int(m.group(1)) >= layers)
 
 
 class HFCheckpoint:

@@ -10,7 +10,9 @@ builds the TransformerConfig and the GPTModel; the fixes it needs are made here 
   The local spec cannot run context or sequence parallel: make_bridge refuses them with the flag's name.
 - mbridge takes the TP/PP/CP/EP sizes from Megatron's parallel state, but turns sequence parallel on
   whenever TP > 1: here it follows --sequence-parallel (init_parallel) instead.
-- Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16): bridges.py.
+- Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16, GLM): bridges.py; GLM-4's
+  sandwich norms are spec changes (sandwich_norms.py) made on whichever spec is built.
+- Multi-token-prediction layers of a checkpoint are not built: untrained_hf_weights hands their tensors on as stored.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
+from slime_like.core.hf_config import load_hf_config
 from slime_like.megatron import hf_weights
 from slime_like.megatron.bridges import fix_hf_config
 from slime_like.megatron.cpu_compat import (
@@ -61,6 +63,10 @@ def _local_layer_spec(self, vp_stage: int | None = None):
         attention = layer.submodules.self_attention
         if attention.module is MLASelfAttention:
             attention.submodules.core_attention = _mla_core_attention()
+    if getattr(self, "sandwich_norms", False):
+        from slime_like.megatron.sandwich_norms import add_sandwich_norms
+
+        add_sandwich_norms(spec)
     return spec
 
 
@@ -96,13 +102,16 @@ def make_bridge(
     apply_cpu_compat()
     local_spec = not transformer_engine_available()
     _check_context_parallel(local_spec)
-    sequence_parallel = config_overrides.pop("sequence_parallel", sequence_parallel_enabled())
-    check_sequence_parallel(sequence_parallel, mpu.get_tensor_model_parallel_world_size())
-    hf_config = AutoConfig.from_pretrained(str(hf_dir))
+    tp = mpu.get_tensor_model_parallel_world_size()
+    # Off at TP 1 (nothing to split), as init_parallel and Megatron-LM turn it off.
+    sequence_parallel = config_overrides.pop("sequence_parallel", sequence_parallel_enabled()) and tp > 1
+    check_sequence_parallel(sequence_parallel, tp)
+    hf_config = load_hf_config(hf_dir)
     fix_hf_config(hf_config)
     family = family_of(hf_config)
     bridge = family.bridge(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     bridge.slime_like_local_spec = local_spec
+    bridge.slime_like_hf_dir = Path(hf_dir)
     if local_spec:
         bridge._get_transformer_layer_spec = types.MethodType(_local_layer_spec, bridge)
     bridge.set_extra_args(**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides)
@@ -161,3 +170,14 @@ def export_hf_weights(bridge, model: list[torch.nn.Module]) -> Iterator[tuple[st
         if item is None:
             return
         yield item
+
+
+def untrained_hf_weights(bridge) -> Iterator[tuple[str, torch.Tensor]]:
+    """The HF checkpoint's tensors the model holds no parameter for (multi-token-prediction layers), as stored.
+
+    export_hf_weights followed by these is the complete HF checkpoint; weight updates send only the former
+    (a server keeps the MTP draft layers it loaded).
+    """
+    checkpoint = hf_weights.HFCheckpoint(bridge.slime_like_hf_dir)
+    for name in hf_weights.untrained_hf_names(checkpoint.names(), bridge.hf_config):
+        yield name, checkpoint.get(name, "none (copied unchanged)")

@@ -12,7 +12,7 @@ import torch
 
 from tests.megatron.launch import REPO_ROOT, torchrun
 from tests.megatron.test_families import safetensors_of
-from tests.megatron.tiny_families import make_deepseek_v3, make_llama3
+from tests.megatron.tiny_families import make_deepseek_v3, make_glm4, make_glm4_moe, make_llama3
 from tools import convert_hf_to_torch_dist, convert_torch_dist_to_hf
 
 WORKER = Path(__file__).with_name("convert_worker.py")
@@ -34,6 +34,9 @@ def test_round_trips_across_layouts_are_bit_exact(tiny_qwen3, tiny_qwen2_untied,
         "llama3": (make_llama3(tmp_path / "llama3", tiny_qwen3), ()),
         "qwen3_moe": (tiny_qwen3_moe, MOE),
         "deepseek_v3": (make_deepseek_v3(tmp_path / "deepseek_v3", tiny_qwen3), MOE),
+        # Its multi-token-prediction layer is copied from the original; GLM-4's fc1 is one HF tensor.
+        "glm4_moe": (make_glm4_moe(tmp_path / "glm4_moe", tiny_qwen3), MOE),
+        "glm4": (make_glm4(tmp_path / "glm4", tiny_qwen3), ()),
     }
     steps = []
     for name, (hf, moe) in families.items():

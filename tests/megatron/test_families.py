@@ -1,5 +1,6 @@
-"""The family registry: Llama 3, Qwen3-MoE and DeepSeek-V3 (MLA + MoE) built on CPU match transformers and export
-back bit-exactly; name templates and tensor layouts in isolation."""
+"""The family registry: Llama 3, Qwen3-MoE, DeepSeek-V3 (MLA + MoE), GLM-4.5 (partial rope, sigmoid MoE, an MTP
+layer), GLM-4.7-Flash (MLA + MoE, an MTP layer), Kimi-K2 (custom config code, YaRN) and GLM-4 (sandwich norms,
+interleaved partial rope) built on CPU match transformers and export back bit-exactly; name templates and tensor layouts in isolation."""
 
 from __future__ import annotations
 
@@ -10,9 +11,24 @@ import torch
 
 from slime_like.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
 from slime_like.megatron.families import FAMILIES, family_of, template
-from tests.megatron.tiny_families import make_deepseek_v3, make_llama3
+from tests.megatron.tiny_families import (
+    make_deepseek_v3,
+    make_glm4,
+    make_glm4_moe,
+    make_glm4_moe_lite,
+    make_kimi_k2,
+    make_llama3,
+)
 
-MODELS = ["tiny_qwen3_moe", "tiny_llama3", "tiny_deepseek_v3"]
+MODELS = [
+    "tiny_qwen3_moe",
+    "tiny_llama3",
+    "tiny_deepseek_v3",
+    "tiny_glm4_moe",
+    "tiny_glm4_moe_lite",
+    "tiny_kimi_k2",
+    "tiny_glm4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +39,40 @@ def tiny_llama3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="module")
 def tiny_deepseek_v3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_deepseek_v3(tmp_path_factory.mktemp("tiny-deepseek-v3"), tiny_qwen3)
+
+
+@pytest.fixture(scope="module")
+def tiny_glm4_moe(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_glm4_moe(tmp_path_factory.mktemp("tiny-glm4-moe"), tiny_qwen3)
+
+
+@pytest.fixture(scope="module")
+def tiny_glm4_moe_lite(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_glm4_moe_lite(tmp_path_factory.mktemp("tiny-glm4-moe-lite"), tiny_qwen3)
+
+
+@pytest.fixture(scope="module")
+def tiny_kimi_k2(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_kimi_k2(tmp_path_factory.mktemp("tiny-kimi-k2"), tiny_qwen3)
+
+
+@pytest.fixture(scope="module")
+def tiny_glm4(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_glm4(tmp_path_factory.mktemp("tiny-glm4"), tiny_qwen3)
+
+
+def transformers_model(hf_dir: Path):
+    """The transformers model of a checkpoint, fp32, in eval mode."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(hf_dir, trust_remote_code=True)
+    if config.model_type != "kimi_k2":
+        return transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    # Kimi-K2's modeling code is transformers' DeepSeek-V3, whose loader fuses the per-expert tensors of a
+    # checkpoint only for the model_type deepseek_v3 (under kimi_k2 it leaves the experts random).
+    config = transformers.DeepseekV3Config.from_pretrained(hf_dir)
+    config.model_type = "deepseek_v3"
+    return transformers.DeepseekV3ForCausalLM.from_pretrained(hf_dir, config=config, dtype=torch.float32).eval()
 
 
 def safetensors_of(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -46,8 +96,6 @@ def _megatron_model(hf_dir: Path):
 
 @pytest.mark.parametrize("fixture", MODELS)
 def test_logits_match_transformers(fixture: str, request: pytest.FixtureRequest, megatron_world) -> None:
-    import transformers
-
     hf_dir = request.getfixturevalue(fixture)
     _, model = _megatron_model(hf_dir)
     tokens = torch.randint(0, 512, (2, 23), generator=torch.Generator().manual_seed(1))
@@ -56,21 +104,25 @@ def test_logits_match_transformers(fixture: str, request: pytest.FixtureRequest,
     positions = torch.arange(23)[None].expand(2, 23) + 1800
     with torch.no_grad():
         logits = model[0].eval()(tokens, positions, mask)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-        expected = hf(tokens, position_ids=positions).logits
+        expected = transformers_model(hf_dir)(tokens, position_ids=positions).logits
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("fixture", MODELS)
 def test_export_is_bit_exact(fixture: str, request: pytest.FixtureRequest, megatron_world) -> None:
-    from slime_like.megatron.model import export_hf_weights
+    from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
 
     hf_dir = request.getfixturevalue(fixture)
     bridge, model = _megatron_model(hf_dir)
     exported = dict(export_hf_weights(bridge, model))
+    # Megatron builds no multi-token-prediction layer: its tensors come from the checkpoint, unchanged.
+    untrained = dict(untrained_hf_weights(bridge))
+    mtp = f"model.layers.{bridge.hf_config.num_hidden_layers}."
+    assert all(name.startswith(mtp) for name in untrained)
+    assert bool(untrained) == bool(getattr(bridge.hf_config, "num_nextn_predict_layers", 0))
     expected = safetensors_of(hf_dir)
-    assert sorted(exported) == sorted(expected)
-    for name, tensor in exported.items():
+    assert sorted(exported) == sorted(set(expected) - set(untrained))
+    for name, tensor in {**exported, **untrained}.items():
         assert tensor.dtype == expected[name].dtype and torch.equal(tensor, expected[name]), name
 
 
@@ -123,3 +175,23 @@ def test_vocab_padding_is_added_and_removed() -> None:
     padded = to_megatron("vocab", [embedding], None, rows=16)
     assert padded.shape == (16, 4) and not padded[10:].any()
     assert torch.equal(to_hf("vocab", padded, None, hf_rows=10)[0], embedding)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"norm_topk_prob": False}, "norm_topk_prob=false in the HF config"),
+        ({"n_group": 2, "topk_group": 2}, "num_experts_per_tok=2 and topk_group=2 in the HF config"),
+        ({"scoring_func": "softmax", "topk_method": "greedy"}, "scoring_func='softmax' / topk_method='greedy'"),
+        ({"mlp_layer_types": ["dense", "dense", "sparse"]}, "mlp_layer_types and first_k_dense_replace=1"),
+    ],
+)
+def test_routing_megatron_would_run_differently_is_refused_by_field(fields: dict, message: str) -> None:
+    import transformers
+
+    from slime_like.megatron.bridges import sigmoid_moe_args
+
+    base = dict(num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1)
+    assert sigmoid_moe_args(transformers.Glm4MoeConfig(**base))["moe_layer_freq"] == [0, 1, 1]
+    with pytest.raises(ValueError, match=message):
+        sigmoid_moe_args(transformers.Glm4MoeConfig(**base, **fields))

@@ -53,3 +53,150 @@ def make_deepseek_v3(out: Path, tokenizer_from: Path) -> Path:
             if name.endswith("e_score_correction_bias"):
                 buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
     return _save(model, out, tokenizer_from)
+
+
+def _random_expert_bias(model) -> None:
+    """A non-zero expert bias, so that routing depends on it."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+
+
+def _add_mtp_layer(out: Path, config_updates: dict) -> None:
+    """Turn a checkpoint saved with one layer too many into one whose last layer is a multi-token-prediction
+    layer, stored as GLM-4.5 and DeepSeek-V3 store it: a decoder layer plus enorm, hnorm, eh_proj and
+    shared_head.norm under model.layers.{num_hidden_layers}, with num_nextn_predict_layers=1."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((out / "config.json").read_text())
+    mtp, hidden = config["num_hidden_layers"] - 1, config["hidden_size"]
+    g = torch.Generator().manual_seed(2)
+    tensors = load_file(out / "model.safetensors")
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"model.layers.{mtp}.{norm}.weight"] = 1 + 0.1 * torch.randn(hidden, generator=g)
+    tensors[f"model.layers.{mtp}.eh_proj.weight"] = 0.02 * torch.randn(hidden, 2 * hidden, generator=g)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config.update(num_hidden_layers=mtp, num_nextn_predict_layers=1, **config_updates)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def make_glm4_moe(out: Path, tokenizer_from: Path) -> Path:
+    """GLM-4.5-style: GQA with qkv bias and QK norm, half-rotary rope, 4 routed experts (top-2 of two groups)
+    + 2 shared, a dense first layer, routed_scaling_factor 2.5, and one multi-token-prediction layer."""
+    import transformers
+
+    config = transformers.Glm4MoeConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=5,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, n_routed_experts=4, n_shared_experts=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, attention_bias=True, use_qk_norm=True, max_position_embeddings=2048,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        eos_token_id=2, pad_token_id=3, bos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _random_expert_bias(model)
+    _save(model, out, tokenizer_from)
+    _add_mtp_layer(out, {})  # the 5th layer becomes the MTP layer: 4 main layers (PP2 splits them)
+    return out
+
+
+def make_glm4_moe_lite(out: Path, tokenizer_from: Path) -> Path:
+    """GLM-4.7-Flash-style: MLA with q LoRA, 4 routed experts (top-2) + 1 shared, a dense first layer listed in
+    mlp_layer_types (and first_k_dense_replace, which SGLang reads), and one multi-token-prediction layer.
+
+    rms_norm_eps is 1e-6 (GLM-4.7-Flash: 1e-5) because transformers' MLA norms always use 1e-6 while Megatron and
+    SGLang use rms_norm_eps: at 1e-6 the three run the same model (docs/models.md)."""
+    import transformers
+
+    config = transformers.Glm4MoeLiteConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=1, topk_group=1, routed_scaling_factor=1.8, q_lora_rank=32,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=2048,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        first_k_dense_replace=1, eos_token_id=2, pad_token_id=3, bos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _random_expert_bias(model)
+    _save(model, out, tokenizer_from)
+    _add_mtp_layer(out, {"mlp_layer_types": ["dense", "sparse", "sparse"]})  # 3 main layers
+    return out
+
+
+# Kimi-K2 ships its config class as code next to config.json (auto_map); this is a small one of our own.
+_KIMI_CONFIGURATION = '''"""Kimi-K2's configuration: DeepSeek-V3's, under the model_type "kimi_k2"."""
+
+from transformers import DeepseekV3Config as _DeepseekV3Config
+
+
+class DeepseekV3Config(_DeepseekV3Config):
+    model_type = "kimi_k2"
+'''
+
+
+def make_kimi_k2(out: Path, tokenizer_from: Path) -> Path:
+    """Kimi-K2-style: DeepSeek-V3's architecture (MLA, 4 routed experts top-2 + 1 shared, a dense first layer,
+    YaRN rope) with config.json as Kimi-K2 ships it: model_type "kimi_k2", transformers 4 rope fields, and an
+    auto_map to configuration_deepseek.DeepseekV3Config, which loads only with trust_remote_code."""
+    import json
+
+    import transformers
+
+    config = transformers.DeepseekV3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+        num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.827,
+        q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0, "beta_fast": 1.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 512},
+        eos_token_id=2, pad_token_id=3, bos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _random_expert_bias(model)
+    _save(model, out, tokenizer_from)
+    saved = json.loads((out / "config.json").read_text())
+    rope = saved.pop("rope_parameters")
+    saved.update(
+        model_type="kimi_k2",
+        auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+        rope_theta=rope.pop("rope_theta"),
+        rope_scaling={"type": rope.pop("rope_type"), **rope},
+        # DeepSeek-V3 configuration code's own fields, which SGLang reads.
+        num_nextn_predict_layers=0,
+        moe_layer_freq=1,
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+    )
+    (out / "config.json").write_text(json.dumps(saved, indent=2))
+    (out / "configuration_deepseek.py").write_text(_KIMI_CONFIGURATION)
+    return out
+
+
+def make_glm4(out: Path, tokenizer_from: Path) -> Path:
+    """GLM-4-0414-style: dense, GQA with qkv bias, interleaved rope on half of each head, sandwich norms (an RMSNorm
+    after attention and after the MLP), the MLP's gate and up projections in one tensor."""
+    import transformers
+
+    config = transformers.Glm4Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, attention_bias=True, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        eos_token_id=2, pad_token_id=3, bos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # norms away from 1, so that a missing one shows
+        for name, param in model.named_parameters():
+            if name.endswith("layernorm.weight"):
+                param.copy_(1 + 0.5 * torch.randn(param.shape, generator=torch.Generator().manual_seed(3)))
+    return _save(model, out, tokenizer_from)

@@ -1,0 +1,62 @@
+"""Families beyond Qwen/Llama served by a real SGLang CPU server: its fp32 log-probs equal Megatron's for the same
+checkpoint, and after one training step and an in-place weight update (tensor transport) they equal Megatron's new
+ones, so the export's names and layouts are the ones SGLang's loader expects.
+
+One server per family, all started at the beginning, each loading while the trainer builds its model. Families SGLang's CPU engine cannot serve are
+listed in docs/models.md with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollout.sglang_server import SGLangServer
+from slime_like.weights.check import served_logprobs
+from tests.integration.test_weight_update import SEQUENCE, make_transport, train_one_step, trainable_engine
+from tests.megatron.tiny_families import make_glm4, make_glm4_moe
+
+TOLERANCE = 1e-4  # mean absolute log-prob difference, fp32 on both sides
+# family -> (tiny checkpoint maker, extra SGLang flags)
+SERVED = {
+    "glm4_moe": (make_glm4_moe, []),
+    "glm4": (make_glm4, []),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[Path, SGLangServer]]]:
+    """family -> (checkpoint, server), all started at once: later families load while earlier ones are tested."""
+    logs = tmp_path_factory.mktemp("logs")
+    started: dict[str, tuple[Path, SGLangServer]] = {}
+    try:
+        for family, (make, extra) in SERVED.items():
+            hf_dir = make(tmp_path_factory.mktemp(f"tiny-{family}"), tiny_qwen3)
+            server = SGLangServer(hf_dir, dtype="float32", log_dir=logs, startup_timeout=300, extra_args=extra)
+            started[family] = (hf_dir, server.start(wait=False))
+        yield started
+    finally:
+        for _, server in started.values():
+            server.stop()
+
+
+@pytest.mark.parametrize("family", sorted(SERVED))
+def test_served_logprobs_match_megatron_before_and_after_an_update(family, servers, tmp_path) -> None:
+    hf_dir, server = servers[family]
+    engine = trainable_engine(hf_dir)  # built while the server loads
+    server.wait_ready()
+    before = served_logprobs(server.url, SEQUENCE)
+    assert (before - engine.forward_logprobs([SEQUENCE])[0]).abs().mean() <= TOLERANCE
+    train_one_step(engine)
+    transport = make_transport("tensor", [server.url], hf_dir, tmp_path / "weights", bucket_bytes=32 * 1024)
+    try:
+        transport.update(engine.export_hf_weights(), 1)
+    finally:
+        transport.close()
+    after = served_logprobs(server.url, SEQUENCE)
+    assert (after - before).abs().max() > 1e-2  # the weights really changed
+    assert (after - engine.forward_logprobs([SEQUENCE])[0]).abs().mean() <= TOLERANCE
