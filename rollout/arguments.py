@@ -19,7 +19,13 @@ SLIME_FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_as
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     """Rollout, SGLang, reward, plugin and eval flags (unknown `--sglang-X` flags are passed to SGLang as `--X`)."""
     g = parser.add_argument_group("rollout")
-    g.add_argument("--rollout-num-gpus", type=int, default=1, help="devices for rollout (SGLang servers on CPU)")
+    g.add_argument(
+        "--rollout-num-gpus",
+        type=int,
+        default=None,
+        help="devices for rollout (SGLang servers on CPU); default: with --colocate the trainer's (--actor-num-nodes "
+        "x --actor-num-gpus-per-node), as slime; without it 1",
+    )
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="SGLang tensor parallel size")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
@@ -231,6 +237,8 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
     if args.n_samples_per_eval_prompt < 1:
         raise ValueError("--n-samples-per-eval-prompt must be at least 1")
     args.eval_datasets = eval_datasets(args.eval_prompt_data)
+    if args.eval_interval is not None and not args.eval_datasets:
+        raise ValueError("--eval-interval needs eval datasets: --eval-prompt-data NAME PATH or --eval-config YAML")
     from rollout.hooks import load_hooks
 
     load_hooks(args)  # fails here, before Ray or any server starts, with the flag in the message

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
+from typing import Any
 
 from buffer.arguments import add_data_arguments
 from rollout.arguments import (
@@ -14,10 +16,11 @@ from rollout.arguments import (
     sglang_passthrough,
     validate_rollout_args,
 )
+from rollout.debug_data import add_debug_arguments, validate_debug_args
 from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
 from slime_like.megatron.flags import add_training_arguments, validate_training_args
-from slime_like.model_arguments import add_model_arguments, check_against_hf_config
+from slime_like.model_arguments import add_model_arguments, check_against_hf_config, text_config
 from slime_like.planner import (
     MEMORY_WARNING,
     add_plan_arguments,
@@ -30,6 +33,7 @@ from slime_like.training_arguments import (
     add_algorithm_arguments,
     add_checkpoint_arguments,
     add_megatron_arguments,
+    apply_routing_replay,
     validate_algorithm_args,
     validate_megatron_args,
 )
@@ -50,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_algorithm_arguments(parser)
     add_model_arguments(parser)
     add_plan_arguments(parser)
+    add_debug_arguments(parser)
     g = parser.add_argument_group("logging")
     g.add_argument("--output-dir", default="outputs/run", help="metrics.jsonl, plots and logs go here")
     g.add_argument(
@@ -75,9 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--train-backend", default="megatron", choices=["megatron"], help="slime's flag: megatron is the one backend"
-    )
-    g.add_argument(
-        "--save-debug-rollout-data", action="store_true", help="write every rollout's samples to output-dir/rollouts/"
     )
     g.add_argument("--ray-num-cpus", type=int, default=8, help="logical CPUs of a local Ray instance")
     g.add_argument(
@@ -151,12 +153,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         validate(args)
         config = load_hf_config(args.hf_checkpoint)
+        problems = check_against_hf_config(args, config)
+        apply_routing_replay(args, text_config(config))
     except (ArgumentError, ValueError, OSError) as exc:
         parser.error(str(exc))
-    problems = check_against_hf_config(args, config)
     if problems:
         parser.error("the model flags contradict the HF config of --hf-checkpoint:\n  " + "\n  ".join(problems))
-    plan = make_plan(args, config)
+    plan = make_plan(args, text_config(config))
+    family = family_problem(args.hf_checkpoint, config)
+    if family:
+        parser.error(family)
+    for line in args.start_warnings:
+        print(f"warning: {line}", file=sys.stderr)
     if args.dry_run:
         parser.exit(dry_run(plan))
     if plan.problems:
@@ -167,8 +175,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def family_problem(hf_checkpoint: str, config: Any) -> str | None:
+    """Why the trainer cannot build this checkpoint's model (no registered model family), or None if it can."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Megatron's import-time notes (no Apex/TE) belong to the trainer ranks' logs
+        from slime_like.megatron.families import family_of
+
+    try:
+        family_of(config)
+    except ValueError as exc:
+        architecture = (getattr(config, "architectures", None) or [config.model_type])[0]
+        return (
+            f"--hf-checkpoint {hf_checkpoint} is a {architecture} (model_type {config.model_type!r}), which this "
+            f"engine cannot train yet: no model family is registered for it, so its Megatron model and its "
+            f"HF <-> Megatron weight names are missing (slime_like/megatron/families.py; {exc})"
+        )
+    return None
+
+
 def validate(args: argparse.Namespace) -> None:
-    """Fill derived defaults and reject contradictions, naming the flags involved."""
+    """Fill derived defaults and reject contradictions, naming the flags involved; notes for the start-up log go
+    to `args.start_warnings`."""
+    args.start_warnings = []
     validate_training_args(args)  # --num-steps-per-rollout sets --global-batch-size
     samples = args.rollout_batch_size * args.n_samples_per_prompt
     if args.global_batch_size is None:
@@ -188,6 +216,9 @@ def validate(args: argparse.Namespace) -> None:
             f"{args.context_parallel_size})"
         )
     args.data_parallel_size = args.world_size // model_parallel
+    if args.rollout_num_gpus is None:
+        # slime: colocated, the engines take the trainer's GPUs unless told otherwise; apart, 1 (slime has no default)
+        args.rollout_num_gpus = args.world_size if args.colocate else 1
     if args.global_batch_size % args.data_parallel_size:
         raise ArgumentError(
             f"--global-batch-size {args.global_batch_size} must divide over {args.data_parallel_size} DP ranks"
@@ -196,8 +227,6 @@ def validate(args: argparse.Namespace) -> None:
         raise ArgumentError("--save-interval needs --save DIR")
     if not os.path.isfile(os.path.join(args.hf_checkpoint, "config.json")):
         raise ArgumentError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
-    if args.eval_interval and not args.eval_prompt_data:
-        raise ArgumentError("--eval-interval needs --eval-prompt-data")
     resolve_offload_train(args)
     if args.offload_rollout is None:
         args.offload_rollout = bool(args.colocate)
@@ -209,6 +238,7 @@ def validate(args: argparse.Namespace) -> None:
     validate_megatron_args(args)
     validate_algorithm_args(args)
     validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts
+    validate_debug_args(args)
 
 
 def resolve_precision(args: argparse.Namespace, use_gpu: bool) -> str:

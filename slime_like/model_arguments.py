@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-# flag dest -> how to read the same quantity from an HF config
-_INT_FIELDS = {
-    "num_layers": "num_hidden_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_query_groups": "num_key_value_heads",
-    "vocab_size": "vocab_size",
+# flag dest -> how to read the same quantity from an HF (text) config: the first field present counts
+_INT_FIELDS: dict[str, tuple[str, ...]] = {
+    "num_layers": ("num_hidden_layers",),
+    "hidden_size": ("hidden_size",),
+    "num_attention_heads": ("num_attention_heads",),
+    "num_query_groups": ("num_key_value_heads",),
+    "vocab_size": ("vocab_size",),
     "num_experts": ("num_experts", "n_routed_experts"),
     "moe_router_topk": ("num_experts_per_tok",),
     "moe_ffn_hidden_size": ("moe_intermediate_size",),
@@ -24,7 +24,35 @@ _INT_FIELDS = {
     "kv_lora_rank": ("kv_lora_rank",),
     "qk_pos_emb_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
+    "moe_router_topk_scaling_factor": ("routed_scaling_factor",),
+    "moe_router_num_groups": ("n_group",),
+    "moe_router_group_topk": ("topk_group",),
+    "moe_router_score_function": ("scoring_func",),
+    # MTP layers the checkpoint carries (DeepSeek/GLM/MiMo name them nextn; Qwen3.5 mtp_num_hidden_layers).
+    "mtp_num_layers": ("num_nextn_predict_layers", "mtp_num_hidden_layers"),
 }
+
+# Families whose attention has q/k norms or q/k/v biases without saying so in a config field (GQA attention;
+# multi-latent attention has neither flag's meaning).
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+_NO_QK_NORM_TYPES = ("llama", "qwen2", "mimo", "glm4")
+_QKV_BIAS_TYPES = ("qwen2", "mimo")  # Qwen2's attention (MiMo's too) always has q/k/v biases
+
+# Flags that must be present (not only not contradicted) once a script declares the architecture at all.
+_REQUIRED_SWITCHES = ("untie_embeddings_and_output_weights", "multi_latent_attention", "qk_layernorm", "add_qkv_bias")
+
+# Accepted so slime's model files move over unchanged, and not checked against the HF config: kernel and
+# dispatch choices, router-training settings (how routing learns, not the checkpoint's shapes), and layer-spec
+# switches that the HF config and the family registry decide here.
+UNCHECKED_MODEL_FLAGS = (
+    "--moe-grouped-gemm", "--moe-permute-fusion", "--moe-token-dispatcher-type", "--moe-token-drop-policy",
+    "--moe-router-dtype", "--attention-softmax-in-fp32", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate",
+    "--moe-router-load-balancing-type", "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
+    "--group-query-attention", "--use-rotary-position-embeddings", "--position-embedding-type", "--normalization",
+    "--swiglu", "--disable-bias-linear", "--apply-layernorm-1p", "--no-position-embedding", "--rotary-interleaved",
+    "--use-rope-scaling", "--attention-output-gate", "--use-gated-attention", "--post-self-attn-layernorm",
+    "--post-mlp-layernorm", "--moe-shared-expert-gate", "--spec",
+)  # fmt: skip
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,55 +61,114 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "kv-channels", "vocab-size", "max-position-embeddings", "num-experts", "moe-router-topk",
                  "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size", "q-lora-rank", "kv-lora-rank",
-                 "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim"):  # fmt: skip
+                 "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim", "moe-router-group-topk",
+                 "moe-router-num-groups"):  # fmt: skip
         g.add_argument(f"--{flag}", type=int, default=None)
     g.add_argument("--rotary-base", type=float, default=None)
+    g.add_argument("--rotary-percent", type=float, default=None, help="checked against partial_rotary_factor")
+    g.add_argument(
+        "--rotary-scaling-factor", type=float, default=None, help="MLA: checked against the YaRN rope factor"
+    )
+    g.add_argument("--mscale", type=float, default=None, help="MLA: checked against the YaRN rope mscale")
+    g.add_argument("--mscale-all-dim", type=float, default=None, help="MLA: checked against YaRN's mscale_all_dim")
+    g.add_argument(
+        "--moe-router-topk-scaling-factor", type=float, default=None, help="checked against routed_scaling_factor"
+    )
+    g.add_argument("--moe-router-score-function", default=None, help="checked against scoring_func where given")
     g.add_argument("--norm-epsilon", type=float, default=None)
     g.add_argument("--normalization", default=None, choices=["RMSNorm", "LayerNorm"])
     g.add_argument("--position-embedding-type", default=None, choices=["rope", "learned_absolute", "none"])
-    g.add_argument("--moe-layer-freq", default=None, help="e.g. '[0]*3+[1]*58' or a list; checked for its length")
+    g.add_argument(
+        "--moe-layer-freq",
+        default=None,
+        help="e.g. '[0]*3+[1]*58', a list or an int; checked against the HF config's dense and MoE layers",
+    )
     for flag in ("swiglu", "disable-bias-linear", "add-qkv-bias", "qk-layernorm", "group-query-attention",
                  "untie-embeddings-and-output-weights", "use-rotary-position-embeddings", "multi-latent-attention"):  # fmt: skip
         g.add_argument(f"--{flag}", action="store_true")
-    # Megatron flags that tune kernels or routing, accepted so model files move over unchanged;
-    # they change no shape and need no check.
-    for flag in ("rotary-percent", "rotary-scaling-factor", "mscale", "mscale-all-dim", "moe-aux-loss-coeff",
-                 "moe-router-topk-scaling-factor", "moe-router-bias-update-rate"):  # fmt: skip
-        g.add_argument(f"--{flag}", type=float, default=None)
-    for flag in ("moe-router-group-topk", "moe-router-num-groups"):
-        g.add_argument(f"--{flag}", type=int, default=None)
-    for flag in ("moe-router-score-function", "moe-token-dispatcher-type", "moe-token-drop-policy",
-                 "moe-router-dtype", "moe-router-load-balancing-type"):  # fmt: skip
+    # See UNCHECKED_MODEL_FLAGS: accepted as the model's description, no check.
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=None)
+    g.add_argument("--moe-router-bias-update-rate", type=float, default=None)
+    for flag in ("moe-token-dispatcher-type", "moe-token-drop-policy", "moe-router-dtype",
+                 "moe-router-load-balancing-type"):  # fmt: skip
         g.add_argument(f"--{flag}", default=None)
     for flag in ("moe-grouped-gemm", "moe-permute-fusion", "moe-router-pre-softmax", "moe-router-enable-expert-bias",
-                 "attention-softmax-in-fp32"):  # fmt: skip
-        g.add_argument(f"--{flag}", action="store_true")
-    # Architecture switches of slime's model files (some from slime's Megatron patch): the HF config and the
-    # family registry decide the architecture, so these are accepted as the model's description.
-    for flag in ("apply-layernorm-1p", "no-position-embedding", "rotary-interleaved", "use-rope-scaling",
-                 "attention-output-gate", "use-gated-attention", "post-self-attn-layernorm", "post-mlp-layernorm",
-                 "moe-shared-expert-gate"):  # fmt: skip
+                 "attention-softmax-in-fp32", "apply-layernorm-1p", "no-position-embedding", "rotary-interleaved",
+                 "use-rope-scaling", "attention-output-gate", "use-gated-attention", "post-self-attn-layernorm",
+                 "post-mlp-layernorm", "moe-shared-expert-gate"):  # fmt: skip
         g.add_argument(f"--{flag}", action="store_true")
     g.add_argument("--spec", nargs="*", default=None, help="slime's layer-spec module: the family registry's here")
 
 
-def _hf(config: Any, names: str | tuple[str, ...]) -> Any:
-    for name in (names,) if isinstance(names, str) else names:
+def read_hf_config(path: str) -> Any:
+    """The checkpoint's transformers config, read as slime reads it (custom code in the checkpoint allowed).
+
+    Kimi-K2's or MiMo's config.json names its own config class (auto_map): like slime and SGLang, it is
+    loaded with trust_remote_code=True. The checkpoint need not hold weights.
+    """
+    from slime_like.core.hf_config import load_hf_config
+
+    try:
+        return load_hf_config(path)
+    except (ValueError, KeyError, ImportError) as exc:  # an unknown model_type, or custom code that does not load
+        raise ValueError(f"--hf-checkpoint {path}: transformers cannot read its config.json ({exc})") from exc
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config: Qwen3.5 (and multimodal models) nest it under `text_config`, as slime reads it."""
+    nested = getattr(config, "text_config", None)
+    return nested if nested is not None else config
+
+
+def _hf(config: Any, names: tuple[str, ...]) -> tuple[str, Any]:
+    for name in names:
         value = getattr(config, name, None)
         if value is not None:
             return name, value
-    return (names if isinstance(names, str) else names[0]), None
+    return names[0], None
+
+
+def _rope(config: Any) -> dict[str, Any]:
+    """RoPE settings: transformers 5 keeps them in rope_parameters, older configs in rope_scaling / rope_theta."""
+    rope = dict(getattr(config, "rope_scaling", None) or {})
+    rope.update(getattr(config, "rope_parameters", None) or {})
+    return rope
 
 
 def _rope_theta(config: Any) -> float | None:
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
-    return theta
+    return _rope(config).get("rope_theta", getattr(config, "rope_theta", None))
+
+
+def _partial_rotary(config: Any) -> tuple[str, float]:
+    """Fraction of each head that RoPE rotates (1.0 unless the config says otherwise)."""
+    factor = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if factor is not None:
+        return "partial_rotary_factor", factor
+    rotary_dim, head_dim = getattr(config, "rotary_dim", None), getattr(config, "head_dim", None)
+    if rotary_dim and head_dim:  # MiniMax-M2 gives the rotated dimensions
+        return "rotary_dim / head_dim", rotary_dim / head_dim
+    return "partial_rotary_factor", 1.0
+
+
+def moe_layer_pattern(config: Any) -> tuple[str, list[int]] | None:
+    """(field, 0/1 per layer: 1 = MoE) as the HF config places its MoE layers; None for a dense model."""
+    layers = config.num_hidden_layers
+    experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None)
+    if not experts:
+        return None
+    types = getattr(config, "mlp_layer_types", None)
+    if types:
+        return "mlp_layer_types", [0 if kind == "dense" else 1 for kind in types]
+    first_dense = getattr(config, "first_k_dense_replace", None)
+    if first_dense is not None:
+        return "first_k_dense_replace", [0] * first_dense + [1] * (layers - first_dense)
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    dense = set(getattr(config, "mlp_only_layers", None) or [])
+    return "decoder_sparse_step / mlp_only_layers", [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
 
 
 def expected_from_hf(config: Any) -> dict[str, tuple[str, Any]]:
-    """For each checkable flag dest: (HF field name, the value the flag must have)."""
+    """For each checkable flag dest: (HF field name, the value the flag must have); `config` is the text config."""
     out: dict[str, tuple[str, Any]] = {}
     for dest, names in _INT_FIELDS.items():
         field, value = _hf(config, names)
@@ -90,72 +177,99 @@ def expected_from_hf(config: Any) -> dict[str, tuple[str, Any]]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     mla = getattr(config, "kv_lora_rank", None) is not None
+    model_type = config.model_type
+    pattern = moe_layer_pattern(config)
     if not mla:
         out["kv_channels"] = ("head_dim", head_dim)
+        out["add_qkv_bias"] = (
+            "attention_bias / model_type",
+            bool(getattr(config, "attention_bias", False)) or model_type in _QKV_BIAS_TYPES,
+        )
+        if getattr(config, "use_qk_norm", None) is not None:
+            out["qk_layernorm"] = ("use_qk_norm", bool(config.use_qk_norm))
+        elif model_type in _QK_NORM_TYPES + _NO_QK_NORM_TYPES:
+            out["qk_layernorm"] = (f"model_type {model_type!r}", model_type in _QK_NORM_TYPES)
     else:
         out["qk_head_dim"] = ("qk_nope_head_dim", config.qk_nope_head_dim)
-    out["ffn_hidden_size"] = ("intermediate_size", config.intermediate_size)
+        # Megatron's MLA applies YaRN from these flags; without YaRN in the config the factor is 1.
+        rope = _rope(config)
+        yarn = rope.get("rope_type", rope.get("type")) == "yarn"
+        out["rotary_scaling_factor"] = ("rope_scaling.factor", rope.get("factor", 1.0) if yarn else 1.0)
+        if yarn:
+            out["mscale"] = ("rope_scaling.mscale", rope.get("mscale", 1.0))
+            out["mscale_all_dim"] = ("rope_scaling.mscale_all_dim", rope.get("mscale_all_dim", 0.0))
+    # As slime: --ffn-hidden-size sizes only dense MLPs, so a model that is MoE in every layer leaves it unchecked.
+    if getattr(config, "intermediate_size", None) is not None and (pattern is None or 0 in pattern[1]):
+        out["ffn_hidden_size"] = ("intermediate_size", config.intermediate_size)
     out["untie_embeddings_and_output_weights"] = (
         "tie_word_embeddings",
         not getattr(config, "tie_word_embeddings", False),
     )
     out["multi_latent_attention"] = ("kv_lora_rank", mla)
-    out["add_qkv_bias"] = (
-        "attention_bias / model_type",
-        bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2",
-    )
     out["norm_epsilon"] = ("rms_norm_eps", getattr(config, "rms_norm_eps", None))
     if _rope_theta(config) is not None:
         out["rotary_base"] = ("rope_theta", _rope_theta(config))
+    out["rotary_percent"] = _partial_rotary(config)
     if "max_position_embeddings" in config.to_dict():
         out["max_position_embeddings"] = ("max_position_embeddings", config.max_position_embeddings)
-    shared = getattr(config, "moe_shared_expert_intermediate_size", None) or (
-        getattr(config, "n_shared_experts", 0) or 0
-    ) * (getattr(config, "moe_intermediate_size", 0) or 0)
+    shared_field, shared = _hf(config, ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"))
+    if not shared and getattr(config, "n_shared_experts", None):
+        shared_field = "n_shared_experts x moe_intermediate_size"
+        shared = config.n_shared_experts * (getattr(config, "moe_intermediate_size", 0) or 0)
     if shared:
-        out["moe_shared_expert_intermediate_size"] = ("n_shared_experts x moe_intermediate_size", shared)
+        out["moe_shared_expert_intermediate_size"] = (shared_field, shared)
     return out
 
 
 def check_against_hf_config(args: argparse.Namespace, config: Any) -> list[str]:
     """One message per architecture flag that contradicts the HF config (empty: all agree)."""
     problems = []
+    text = text_config(config)
     # A missing on/off flag only counts when the script declares the architecture at all.
     declared = args.num_layers is not None or args.hidden_size is not None
-    for dest, (field, want) in expected_from_hf(config).items():
+    for dest, (field, want) in expected_from_hf(text).items():
         given = getattr(args, dest, None)
+        flag = f"--{dest.replace('_', '-')}"
         if given is None or want is None:
             continue
         if isinstance(given, bool):
             if given and not want:  # store_true flags: only a flag that is present can contradict
-                problems.append(f"--{dest.replace('_', '-')} is set but the HF config has {field}={_show(field, want)}")
-            if (
-                declared
-                and not given
-                and want
-                and dest in ("untie_embeddings_and_output_weights", "multi_latent_attention")
-            ):
-                problems.append(
-                    f"--{dest.replace('_', '-')} is missing but the HF config has {field}={_show(field, want)}"
-                )
+                problems.append(f"{flag} is set but the HF config has {field}={_show(field, want)}")
+            if declared and not given and want and dest in _REQUIRED_SWITCHES:
+                problems.append(f"{flag} is missing but the HF config has {field}={_show(field, want)}")
             continue
-        if isinstance(given, float) and abs(given - float(want)) <= 1e-9 * max(1.0, abs(float(want))):
+        if isinstance(given, float) and abs(given - float(want)) <= 1e-6 * max(1.0, abs(float(want))):
             continue
         if given != want:
-            problems.append(f"--{dest.replace('_', '-')} {given} contradicts {field}={want} in the HF config")
+            problems.append(f"{flag} {given} contradicts {field}={want} in the HF config")
     model_name = getattr(args, "model_name", None)
     if model_name and not model_name_matches(model_name, config.model_type):
         problems.append(
             f"--model-name {model_name} names another model than the HF config's model_type {config.model_type!r}, "
             "which picks the Megatron -> HF conversion here (drop --model-name or fix it)"
         )
-    if args.moe_layer_freq and isinstance(args.moe_layer_freq, str):
-        layers = _moe_layer_pattern(args.moe_layer_freq)
-        if layers is not None and len(layers) != config.num_hidden_layers:
-            problems.append(
-                f"--moe-layer-freq has {len(layers)} entries but the HF config has num_hidden_layers={config.num_hidden_layers}"
-            )
+    if args.moe_layer_freq:
+        problems += _check_moe_layer_freq(args.moe_layer_freq, text)
     return problems
+
+
+def _check_moe_layer_freq(value: str, config: Any) -> list[str]:
+    """--moe-layer-freq against the layers the HF config makes dense and MoE."""
+    given = moe_layer_freq_pattern(value, config.num_hidden_layers)
+    if len(given) != config.num_hidden_layers:
+        return [
+            f"--moe-layer-freq has {len(given)} entries but the HF config has "
+            f"num_hidden_layers={config.num_hidden_layers}"
+        ]
+    expected = moe_layer_pattern(config)
+    if expected is None:
+        return [] if not any(given) else [f"--moe-layer-freq {value} places MoE layers in a model without experts"]
+    field, want = expected
+    if given == want:
+        return []
+    dense = [i for i, moe in enumerate(given) if not moe]
+    want_dense = [i for i, moe in enumerate(want) if not moe]
+    return [f"--moe-layer-freq {value} makes layers {dense} dense but the HF config ({field}) makes {want_dense} dense"]
 
 
 def model_name_matches(model_name: str, model_type: str) -> bool:
@@ -177,13 +291,14 @@ def _show(field: str, want: Any) -> Any:
     return (not want) if field == "tie_word_embeddings" else want
 
 
-def _moe_layer_pattern(text: str) -> list[int] | None:
-    """Megatron's --moe-layer-freq as a list ('[1]*48', '[0]*3+[1]*58', '[0, 1, 1]'), or None if an int."""
-    text = text.strip().strip("'\"")
+def moe_layer_freq_pattern(text: str, num_layers: int) -> list[int]:
+    """Megatron's --moe-layer-freq as 0/1 per layer: a list expression ('[1]*48', '[0]*3+[1]*58', '[0,1,1]') or an
+    int N (every N-th layer is MoE, from layer 0)."""
+    text = str(text).strip().strip("'\"")
     if text.isdigit():
-        return None
+        return [int(i % int(text) == 0) for i in range(num_layers)]
     try:
         value = eval(text, {"__builtins__": {}}, {})  # noqa: S307 - list arithmetic only, no names
+        return [int(x) for x in value]
     except Exception as exc:
-        raise ValueError(f"--moe-layer-freq {text!r} is not a list expression like '[0]*3+[1]*58'") from exc
-    return list(value)
+        raise ValueError(f"--moe-layer-freq {text!r} is not an int or a list expression like '[0]*3+[1]*58'") from exc

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_like.model_arguments import moe_layer_pattern
+
 GIB = 1024**3
 
 
@@ -39,6 +41,7 @@ class ModelSize:
     layers: int
     hidden: int
     kv_bytes_per_token: int  # 16-bit K and V over all layers
+    served_bytes_per_param: int = 2  # what SGLang loads the checkpoint as: 16-bit, or 1 byte for FP8 checkpoints
 
     @property
     def total(self) -> int:
@@ -70,19 +73,24 @@ def model_size(config: Any) -> ModelSize:
             attention += 2 * head_dim  # RMSNorm on queries and keys
         kv_per_token = layers * 2 * kv_heads * head_dim * 2
     experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None) or 0
-    dense_mlp = 3 * h * config.intermediate_size
-    moe_layers = 0
-    if experts:
-        first_dense = getattr(config, "first_k_dense_replace", 0) or 0
-        only_dense = set(getattr(config, "mlp_only_layers", []) or [])
-        moe_layers = sum(1 for i in range(layers) if i >= first_dense and i not in only_dense)
-    shared = (getattr(config, "n_shared_experts", 0) or 0) * (getattr(config, "moe_intermediate_size", 0) or 0)
+    dense_mlp = 3 * h * (getattr(config, "intermediate_size", None) or 0)
+    # MiniMax-M2 sizes its experts with intermediate_size (it has no dense MLP and no moe_intermediate_size).
+    expert_ffn = getattr(config, "moe_intermediate_size", None) or (
+        getattr(config, "intermediate_size", 0) if experts else 0
+    )
+    pattern = moe_layer_pattern(config)
+    moe_layers = sum(pattern[1]) if pattern else 0
+    shared = getattr(config, "shared_expert_intermediate_size", None) or (
+        (getattr(config, "n_shared_experts", 0) or 0) * (getattr(config, "moe_intermediate_size", 0) or 0)
+    )
     moe_dense_part = h * experts + 3 * h * shared  # router and shared experts of a MoE layer
-    expert_params = moe_layers * experts * 3 * h * (getattr(config, "moe_intermediate_size", 0) or 0)
+    expert_params = moe_layers * experts * 3 * h * (expert_ffn or 0)
     per_layer_norms = 2 * h
     dense = layers * (attention + per_layer_norms) + (layers - moe_layers) * dense_mlp + moe_layers * moe_dense_part
     embeddings = vocab * h * (1 if getattr(config, "tie_word_embeddings", False) else 2) + h
-    return ModelSize(dense + embeddings, expert_params, layers, h, kv_per_token)
+    quantization = getattr(config, "quantization_config", None) or {}
+    fp8 = isinstance(quantization, dict) and quantization.get("quant_method") == "fp8"  # Kimi-K2, GLM-5-FP8, ...
+    return ModelSize(dense + embeddings, expert_params, layers, h, kv_per_token, 1 if fp8 else 2)
 
 
 @dataclass
@@ -129,7 +137,10 @@ def training_memory(args: Any, size: ModelSize) -> dict[str, float]:
     return {
         "weights": (dense + experts) * weight_bytes,
         "grads": (dense + experts) * 4,
-        "optimizer": 12 * (dense / optim_shards[0] + experts / optim_shards[1]),
+        # --optimizer-cpu-offload keeps the fp32 master weights and Adam moments in host memory (on GPU runs).
+        "optimizer": 0.0
+        if getattr(args, "optimizer_cpu_offload", False)
+        else 12 * (dense / optim_shards[0] + experts / optim_shards[1]),
         "activations": 34
         * tokens
         * size.hidden
@@ -148,9 +159,10 @@ def _sglang_mem_fraction(args: Any) -> float:
 
 
 def rollout_memory(args: Any, size: ModelSize, gpu_bytes: float) -> dict[str, float]:
-    """Bytes per rollout GPU: weights of a 16-bit engine, and how many tokens of KV cache fit beside them."""
+    """Bytes per rollout GPU: the engine's weights (16-bit, or FP8 as the checkpoint has them), and how many tokens
+    of KV cache fit beside them."""
     tp = args.rollout_num_gpus_per_engine
-    weights = size.total * 2 / tp
+    weights = size.total * size.served_bytes_per_param / tp
     room = gpu_bytes * _sglang_mem_fraction(args) - weights
     return {"weights": weights, "kv_room": room, "kv_tokens": max(0.0, room) * tp / size.kv_bytes_per_token}
 
@@ -435,10 +447,11 @@ def add_plan_arguments(parser: Any) -> None:
 
 
 def load_hf_config(path: str) -> Any:
-    """The checkpoint's transformers config (the checkpoint need not hold weights for a dry run)."""
-    from transformers import AutoConfig
+    """The checkpoint's transformers config (the checkpoint need not hold weights for a dry run); the planner reads
+    its language model's part (`model_arguments.text_config`)."""
+    from slime_like.model_arguments import read_hf_config
 
-    return AutoConfig.from_pretrained(path)
+    return read_hf_config(path)
 
 
 def dry_run(plan: Plan) -> int:

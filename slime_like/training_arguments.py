@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 
 def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,16 +172,40 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--use-decoupled-loss", action="store_true", help="AReaL's decoupled PPO objective")
     o.add_argument("--behav-imp-weight-cap", type=float, default=None, help="drop tokens whose weight exceeds it")
     n = parser.add_argument_group("not supported here (each is an error naming why)")
-    n.add_argument("--use-opd", action="store_true", help="on-policy distillation: not supported")
-    n.add_argument("--opd-type", default=None, choices=["sglang", "megatron"], help="with --use-opd")
-    n.add_argument("--opd-kl-coef", type=float, default=1.0, help="with --use-opd")
-    n.add_argument("--opd-teacher-load", default=None, help="with --use-opd")
+    d = parser.add_argument_group("on-policy distillation (slime's flags; slime_like/algorithms/opd.py)")
+    d.add_argument(
+        "--use-opd",
+        action="store_true",
+        help="each token's advantage minus --opd-kl-coef x (log pi_old - log pi_teacher), on any estimator",
+    )
+    d.add_argument(
+        "--opd-type",
+        default=None,
+        choices=["sglang", "megatron"],
+        help="sglang: a teacher SGLang server at --rm-url scores the samples (slime.rollout.on_policy_distillation); "
+        "megatron (a frozen teacher in the trainer) is not available yet",
+    )
+    d.add_argument("--opd-kl-coef", type=float, default=1.0, help="weight of the teacher's reverse KL (slime: 1.0)")
+    d.add_argument("--opd-teacher-load", default=None, help="--opd-type megatron: the teacher's checkpoint")
     n.add_argument("--megatron-config-path", default=None, help="slime's per-role Megatron YAML: not supported")
     g.add_argument(
         "--custom-config-path",
         default=None,
         help="YAML of argument values set on args, as slime: existing names override the command line, new ones "
         "are there for plugins to read",
+    )
+    r = parser.add_argument_group("MoE routing replay (slime's flags; docs/migrating-from-slime.md)")
+    r.add_argument(
+        "--use-routing-replay",
+        action="store_true",
+        help="record the experts each MoE router picks in the old-policy log-prob forward and replay them in the "
+        "training forwards (arXiv:2507.18071)",
+    )
+    r.add_argument(
+        "--use-rollout-routing-replay",
+        action="store_true",
+        help="R3: SGLang returns every token's routed experts and the trainer replays them in its log-prob and "
+        "training forwards (arXiv:2510.11370); implies --use-routing-replay",
     )
     c = parser.add_argument_group("critic (--advantage-estimator ppo)")
     c.add_argument("--critic-lr", type=float, default=None, help="default --lr")
@@ -190,15 +215,21 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SEQUENCE_PARALLEL_OFF = (
+    "--sequence-parallel is off: --tensor-model-parallel-size is 1, so there are no tensor-parallel ranks to split "
+    "activations over (Megatron-LM turns it off the same way)"
+)
+
+
 def validate_megatron_args(args: argparse.Namespace) -> None:
     """Reject Megatron parallel settings that cannot run, naming the flags (the device checks come at start)."""
     if args.context_parallel_size < 1:
         _error(f"--context-parallel-size {args.context_parallel_size} must be >= 1")
-    if args.sequence_parallel and args.tensor_model_parallel_size < 2:
-        _error(
-            "--sequence-parallel splits activations over tensor-parallel ranks: it needs "
-            "--tensor-model-parallel-size > 1"
-        )
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        # As Megatron-LM's validate_args: with nothing to split over, sequence parallel is off, with a warning.
+        args.sequence_parallel = False
+        if hasattr(args, "start_warnings"):
+            args.start_warnings.append(SEQUENCE_PARALLEL_OFF)
     validate_checkpoint_args(args)
 
 
@@ -335,16 +366,55 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
     _check_hooks(args)
 
 
+def apply_routing_replay(args: argparse.Namespace, config: Any) -> None:
+    """--use-(rollout-)routing-replay: check the model is MoE, fill the layout of SGLang's routed experts
+    (--num-layers, --moe-router-topk) and, for R3, start every SGLang engine with --enable-return-routed-experts."""
+    if args.use_rollout_routing_replay:
+        args.use_routing_replay = True  # as slime: R3 is routing replay with the rollout's routing
+    if not args.use_routing_replay:
+        return
+    flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
+    experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None)
+    topk = getattr(config, "num_experts_per_tok", None)
+    if not experts or not topk:
+        _error(
+            f"{flag} replays the experts of MoE routers, but --hf-checkpoint is a dense model "
+            f"({getattr(config, 'model_type', '?')}: no num_experts / num_experts_per_tok in its config)"
+        )
+    if args.loss_type == "sft_loss":
+        _error(f"{flag} replays routing in RL training; --loss-type sft_loss has no rollout or old-policy forward")
+    # The rows of SGLang's routed experts are [layers, topk] (slime reads the same two flags).
+    args.num_layers = args.num_layers or config.num_hidden_layers
+    args.moe_router_topk = args.moe_router_topk or topk
+    if args.use_rollout_routing_replay:
+        from rollout.sglang_server import ROUTED_EXPERTS_FLAG
+
+        given = list(getattr(args, "sglang_server_args", None) or [])
+        args.sglang_server_args = given + ([] if ROUTED_EXPERTS_FLAG in given else [ROUTED_EXPERTS_FLAG])
+
+
+def _check_opd(args: argparse.Namespace) -> None:
+    """slime's rules for --use-opd: a type; a teacher checkpoint only with (and for) megatron."""
+    if not args.use_opd:
+        if args.opd_teacher_load is not None:
+            _error("--opd-teacher-load is set but --use-opd is not: add --use-opd --opd-type megatron")
+        return
+    if args.opd_type is None:
+        _error("--use-opd needs --opd-type: sglang (a teacher server at --rm-url) or megatron")
+    if args.opd_type == "megatron":
+        _error(
+            "--opd-type megatron (a frozen teacher model inside the trainer) is not available yet: serve the teacher "
+            "with SGLang and use --opd-type sglang --rm-url http://TEACHER/generate --custom-rm-path "
+            "slime.rollout.on_policy_distillation.reward_func --custom-reward-post-process-path "
+            "slime.rollout.on_policy_distillation.post_process_rewards"
+        )
+    if args.opd_teacher_load is not None:
+        _error("--opd-teacher-load is for --opd-type megatron; with sglang the teacher is the server at --rm-url")
+
+
 def _reject_unsupported(args: argparse.Namespace) -> None:
     """slime's flags for features this engine does not have: an error naming the flag and why."""
-    opd = [f for f, on in (("--use-opd", args.use_opd), ("--opd-type", args.opd_type),
-                           ("--opd-teacher-load", args.opd_teacher_load), ("--opd-kl-coef", args.opd_kl_coef != 1.0))
-           if on]  # fmt: skip
-    if opd:
-        _error(
-            f"{opd[0]}: on-policy distillation is not supported here (the engine runs no teacher model); drop the "
-            "--use-opd/--opd-* flags"
-        )
+    _check_opd(args)
     if args.megatron_config_path:
         _error(
             "--megatron-config-path (slime's per-role Megatron YAML) is not supported: the critic shares the "

@@ -1,17 +1,64 @@
 """HF config.json files of the models the launch scripts target, for dry runs without the weights.
 
-Example: python tools/reference_configs.py --model qwen3-4B --out /tmp/qwen3-4B
-The sizes are those published with each model's Hugging Face checkpoint.
+Example: python tools/reference_configs.py --model glm4.7-flash --out /tmp/glm4.7-flash
+
+Two kinds of entries:
+- PUBLISHED: the config.json of a model's Hugging Face checkpoint, field for field, kept as data in
+  tools/hf_configs/<model>.json. Where the checkpoint's config names custom code (`auto_map`, e.g. Kimi-K2's
+  "kimi_k2" or MiMo's "mimo", which transformers does not know), the writer also writes that config module, as
+  our own few lines subclassing the transformers class the model's config derives from: the checkpoint then loads
+  only with trust_remote_code=True, as the real one does.
+- BUILT: the Qwen3 / Llama 3 / DeepSeek-V3 sizes, built with transformers' config class (as save_pretrained
+  writes them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
+HF_CONFIGS = Path(__file__).resolve().parent / "hf_configs"
+
+# model -> where its config.json comes from (every field name is that of the published file).
+PUBLISHED: dict[str, str] = {
+    "glm4.7-flash": "zai-org/GLM-4.7-Flash (glm4_moe_lite; slime's scripts/models/glm4.7-30B-A3B.sh)",
+    "glm4.5-355B-A32B": "zai-org/GLM-4.5 (glm4_moe)",
+    # GLM-4.6 and GLM-4.7 keep GLM-4.5's architecture; their context grows to 202752 positions.
+    "glm4.7-355B-A32B": "zai-org/GLM-4.7 (glm4_moe; GLM-4.6 has the same architecture)",
+    "glm4.5-106B-A12B": "zai-org/GLM-4.5-Air (glm4_moe)",
+    "glm4-9B": "zai-org/GLM-4-9B-0414 (glm4)",
+    # GLM-5 ships in transformers 5's format: rope_parameters, not rope_theta / rope_scaling. The sizes agree with
+    # slime's scripts/models/glm5-744B-A40B.sh.
+    "glm5-744B-A40B": "zai-org/GLM-5 (glm_moe_dsa)",
+    "kimi-k2": "moonshotai/Kimi-K2-Instruct (kimi_k2, custom code: configuration_deepseek.DeepseekV3Config)",
+    # The Instruct checkpoint, which slime's Moonlight scripts load.
+    "moonlight": (
+        "moonshotai/Moonlight-16B-A3B-Instruct (deepseek_v3, custom code: configuration_deepseek.DeepseekV3Config)"
+    ),
+    "mimo-7B-rl": "XiaomiMiMo/MiMo-7B-RL (mimo, custom code: configuration_mimo.MiMoConfig, a Qwen2 config)",
+    # The FP8 checkpoint with its remote-code config (before the repository moved to transformers 5's format).
+    "minimax-m2": "MiniMaxAI/MiniMax-M2 (minimax_m2, custom code: configuration_minimax_m2.MiniMaxM2Config)",
+    "qwen3-next-80B-A3B": "Qwen/Qwen3-Next-80B-A3B-Instruct (qwen3_next)",
+    # Qwen3.5 nests the language model under text_config; the number of linear-attention value heads (16 / 32 / 48)
+    # and the vision tower (12, 24 or 27 blocks) differ between sizes.
+    "qwen3.5-0.8B": "Qwen/Qwen3.5-0.8B (qwen3_5)",
+    "qwen3.5-4B": "Qwen/Qwen3.5-4B (qwen3_5)",
+    "qwen3.5-9B": "Qwen/Qwen3.5-9B (qwen3_5)",
+    "qwen3.5-27B": "Qwen/Qwen3.5-27B (qwen3_5)",
+    "qwen3.5-35B-A3B": "Qwen/Qwen3.5-35B-A3B (qwen3_5_moe)",
+}
+
+# Custom config modules named by published auto_maps -> the transformers class the model's own code subclasses.
+CUSTOM_CONFIG_BASES = {
+    "configuration_deepseek.DeepseekV3Config": "DeepseekV3Config",
+    "configuration_mimo.MiMoConfig": "Qwen2Config",
+    "configuration_minimax_m2.MiniMaxM2Config": "MiniMaxM2Config",
+}
+
 _QWEN3 = dict(head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0, vocab_size=151936, max_position_embeddings=40960)
-REFERENCE_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+BUILT: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-0.6B": ("Qwen3Config", dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                        num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True)),
     "qwen3-4B": ("Qwen3Config", dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
@@ -32,29 +79,55 @@ REFERENCE_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                              first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512,
                                              qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                                              vocab_size=129280, rms_norm_eps=1e-6, max_position_embeddings=163840,
-                                             tie_word_embeddings=False)),
+                                             routed_scaling_factor=2.5, tie_word_embeddings=False)),
 }  # fmt: skip
+
+REFERENCE_CONFIGS: list[str] = sorted([*PUBLISHED, *BUILT])
+
+
+def published_config(model: str) -> dict[str, Any]:
+    """The published config.json of `model` as a dict."""
+    return json.loads((HF_CONFIGS / f"{model}.json").read_text())
+
+
+def _custom_config_module(class_name: str, base: str, model_type: str) -> str:
+    """Source of a checkpoint's custom config module: the transformers class under the checkpoint's model_type."""
+    return (
+        '"""Config class named by this checkpoint\'s auto_map (written by slime-like\'s tools/reference_configs.py)."""\n'
+        f"from transformers import {base} as _Base\n\n\n"
+        f"class {class_name}(_Base):\n"
+        f"    model_type = {model_type!r}\n"
+    )
 
 
 def write_reference_config(model: str, out: str | Path) -> Path:
-    """Write `model`'s config.json into `out` (created)."""
-    import transformers
-
+    """Write `model`'s config.json (and any custom config module its auto_map names) into `out` (created)."""
     if model not in REFERENCE_CONFIGS:
-        raise SystemExit(f"--model {model!r} is not known; choose one of {sorted(REFERENCE_CONFIGS)}")
-    class_name, fields = REFERENCE_CONFIGS[model]
-    fields = dict(fields)
-    theta = fields.pop("rope_theta", 10000.0)
-    config = getattr(transformers, class_name)(rope_parameters={"rope_type": "default", "rope_theta": theta}, **fields)
+        raise SystemExit(f"--model {model!r} is not known; choose one of {REFERENCE_CONFIGS}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
+    if model in BUILT:
+        import transformers
+
+        class_name, fields = BUILT[model]
+        fields = dict(fields)
+        theta = fields.pop("rope_theta", 10000.0)
+        rope = {"rope_type": "default", "rope_theta": theta}
+        getattr(transformers, class_name)(rope_parameters=rope, **fields).save_pretrained(out)
+        return out
+    config = published_config(model)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    auto_config = (config.get("auto_map") or {}).get("AutoConfig")
+    if auto_config:
+        module, class_name = auto_config.rsplit(".", 1)
+        source = _custom_config_module(class_name, CUSTOM_CONFIG_BASES[auto_config], config["model_type"])
+        (out / f"{module}.py").write_text(source)
     return out
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, choices=sorted(REFERENCE_CONFIGS))
+    p.add_argument("--model", required=True, choices=REFERENCE_CONFIGS)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     print(write_reference_config(a.model, a.out))

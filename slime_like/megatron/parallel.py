@@ -58,6 +58,7 @@ def init_parallel(
     from megatron.core import parallel_state as mpu
 
     global _SEQUENCE_PARALLEL
+    sequence_parallel = sequence_parallel and tp > 1  # Megatron-LM: no TP ranks, no sequence parallel
     check_sequence_parallel(sequence_parallel, tp)
     apply_cpu_compat()
     init_distributed()
@@ -87,14 +88,13 @@ def init_parallel(
 
 
 def check_sequence_parallel(sequence_parallel: bool, tp: int) -> None:
-    """Refuse sequence parallel where it cannot run: TP=1 (nothing to split over) or no Transformer Engine."""
-    if not sequence_parallel:
+    """Refuse sequence parallel where it cannot run: TP > 1 without Transformer Engine.
+
+    With TP 1 there is nothing to split; the argument check has turned the flag off (as Megatron-LM does), and
+    init_parallel keeps it off for callers that pass it anyway.
+    """
+    if not sequence_parallel or tp < 2:
         return
-    if tp < 2:
-        raise ValueError(
-            "--sequence-parallel splits activations over tensor-parallel ranks: it needs "
-            f"--tensor-model-parallel-size > 1 (got {tp}); drop the flag or raise the TP size"
-        )
     if not transformer_engine_available():
         raise ValueError(
             "--sequence-parallel needs CUDA with Transformer Engine (Megatron's local layer norms, the CPU "

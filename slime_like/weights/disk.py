@@ -10,14 +10,19 @@ from safetensors.torch import save_file
 from rollout import sglang_client as client
 from slime_like.weights.base import NamedTensors, WeightTransport, buckets
 
-# Files a server needs besides the weights to load a model directory.
-_MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-)
+# Weight files of the HF checkpoint (the update writes its own); every other file there (config, tokenizer files,
+# custom code such as Kimi-K2's configuration_deepseek.py named by config.json's auto_map) is copied alongside.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _model_files(hf_checkpoint: Path) -> list[Path]:
+    """The files of an HF checkpoint directory a server needs besides the weights."""
+    return [
+        p
+        for p in sorted(hf_checkpoint.iterdir())
+        if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES) and p.name not in _WEIGHT_INDEXES
+    ]
 
 
 class DiskTransport(WeightTransport):
@@ -45,9 +50,8 @@ class DiskTransport(WeightTransport):
         target = self.directory / f"v{version}"
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
-        for name in _MODEL_FILES:
-            if (self.hf_checkpoint / name).exists():
-                shutil.copy(self.hf_checkpoint / name, target / name)
+        for path in _model_files(self.hf_checkpoint):
+            shutil.copy(path, target / path.name)
         for i, bucket in enumerate(buckets(named_tensors, self.bucket_bytes)):
             save_file({n: t.detach().contiguous().cpu() for n, t in bucket}, target / f"model-{i:05d}.safetensors")
         return target

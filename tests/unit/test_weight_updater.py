@@ -117,3 +117,21 @@ def test_buckets_and_flat_layout() -> None:
     packed, _ = flatten_into(TENSORS, torch.zeros(flat_size(TENSORS), dtype=torch.uint8))
     expected = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in TENSORS])
     assert torch.equal(packed, expected)
+
+
+def test_the_disk_transport_copies_every_file_but_the_weights(tmp_path) -> None:
+    """Kimi-K2's config.json names custom code (auto_map) and its tokenizer is tiktoken: a written version must
+    carry them, or SGLang cannot load it; the HF weights themselves are not copied (the update writes its own)."""
+    from slime_like.weights.disk import _model_files
+
+    names = ["config.json", "configuration_deepseek.py", "tiktoken.model", "tokenizer_config.json",
+             "model-00001-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    assert [p.name for p in _model_files(tmp_path)] == [
+        "config.json",
+        "configuration_deepseek.py",
+        "tiktoken.model",
+        "tokenizer_config.json",
+    ]
