@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from slime_like.core.sample import Sample, Status, scalar_reward
 
@@ -22,6 +23,11 @@ class TrainData:
     # True where a slime reward post-process already normalised the reward: the estimator takes it as it is.
     # Empty (as in data built by hand) means False everywhere.
     reward_normalized: list[bool] = field(default_factory=list)
+    # R3 (--use-rollout-routing-replay): SGLang's routed experts, [len(tokens) - 1, layers, topk] int32 per sample
+    # (slime's rollout_routed_experts); None where SGLang returned none. Empty when no sample has them.
+    rollout_routed_experts: list[Any] = field(default_factory=list)
+    # --use-opd: the teacher's log-prob of each response token (slime's teacher_log_probs). Empty when none has them.
+    teacher_log_probs: list[list[float] | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -69,4 +75,38 @@ def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = Non
             data.sample_indices.append(sample.index)
             data.weight_versions.append(sample.weight_version)
             data.reward_normalized.append(bool(sample.metadata.get("reward_normalized")))
+            data.rollout_routed_experts.append(_routed_experts(sample))
+            data.teacher_log_probs.append(_teacher_log_probs(sample))
+    for column in ("rollout_routed_experts", "teacher_log_probs"):
+        if not any(r is not None for r in getattr(data, column)):
+            setattr(data, column, [])  # no R3 / no teacher: no column to carry
     return data
+
+
+def _teacher_log_probs(sample: Sample) -> list[float] | None:
+    """The teacher's log-probs of the response tokens, checked to cover each one (None if the sample has none)."""
+    teacher = sample.teacher_log_probs
+    if teacher is None:
+        return None
+    teacher = [float(x) for x in (teacher.tolist() if hasattr(teacher, "tolist") else teacher)]
+    if len(teacher) != sample.response_length:
+        raise ValueError(
+            f"sample {sample.index}: {len(teacher)} teacher log-probs for {sample.response_length} response tokens"
+        )
+    return teacher
+
+
+def _routed_experts(sample: Sample) -> Any:
+    """The sample's routed experts as an int32 array, checked to cover every token but the last (None if none)."""
+    if sample.rollout_routed_experts is None:
+        return None
+    import numpy as np
+
+    experts = np.asarray(sample.rollout_routed_experts, dtype=np.int32)
+    if experts.ndim != 3 or experts.shape[0] != len(sample.tokens) - 1:
+        raise ValueError(
+            f"sample {sample.index}: rollout_routed_experts has shape {experts.shape}, but {len(sample.tokens)} tokens "
+            f"need [{len(sample.tokens) - 1}, layers, topk] (every token but the last; tokens appended after the "
+            "last /generate, e.g. a tool's, have no routing)"
+        )
+    return experts

@@ -11,7 +11,7 @@ from rollout import sglang_client as client
 from rollout.context import RolloutContext
 from rollout.pause import streams_versions
 from slime_like.core.errors import EngineError
-from slime_like.core.sample import Sample, Status
+from slime_like.core.sample import ROUTED_EXPERTS_KEY, Sample, Status, decode_routed_experts
 
 logger = logging.getLogger(__name__)
 
@@ -132,15 +132,39 @@ async def call_model(ctx: RolloutContext, sample: Sample, params: dict[str, Any]
     payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}
     if streams_versions(ctx.args):  # weights may change under the request: learn each token's version
         payload["stream"] = True
+    replay = getattr(ctx.args, "use_rollout_routing_replay", False) and not ctx.evaluation
+    if replay:  # R3: the experts SGLang routes every token of the sequence to, for the trainer to replay
+        payload["return_routed_experts"] = True
     try:
-        return await post_generate(ctx, payload)
+        out = await post_generate(ctx, payload)
     except AbortedBeforeSending:
         sample.status = Status.ABORTED
+        return None
     except RuntimeError as exc:
         logger.warning("sample %s: generation failed: %s", sample.index, exc)
         sample.status = Status.FAILED
         sample.metadata["generate_error"] = str(exc)
-    return None
+        return None
+    if replay:
+        take_routed_experts(ctx.args, sample, out)
+    return out
+
+
+def take_routed_experts(args: Any, sample: Sample, out: dict[str, Any]) -> None:
+    """R3: move an answer's routed experts into the sample, [tokens - 1, layers, topk] over the sequence sent and
+    the answer's tokens (its prompt included, so they replace a partial request's); a request aborted before
+    SGLang routed anything leaves the sample's as they were."""
+    encoded = out["meta_info"].pop(ROUTED_EXPERTS_KEY, None)  # popped: append_response_tokens would decode it again
+    if encoded is None:
+        return
+    rows = len(sample.tokens) + len(out["meta_info"].get("output_token_logprobs") or []) - 1
+    try:
+        sample.rollout_routed_experts = decode_routed_experts(encoded, rows, args.num_layers, args.moe_router_topk)
+    except ValueError:
+        if (out["meta_info"].get("finish_reason") or {}).get("type") != "abort":
+            raise
+        # An aborted answer's capture may stop short; the continuation's answer covers the whole sequence again.
+        logger.debug("sample %s: aborted answer's routed experts do not cover its tokens; left out", sample.index)
 
 
 async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

@@ -34,6 +34,8 @@ CPU_MAX_TOTAL_TOKENS = 65536
 # its circuit breaker takes the engine out for 60 s (seen in scripts/bench/bench_fully_async.py's sync loop, whose
 # log-prob + train + update took ~4-5 s). The server keeps idle connections longer than the router pools them.
 KEEP_ALIVE_ENV = {"SGLANG_TIMEOUT_KEEP_ALIVE": "3600"}
+# On CPU, SGLang's routed-experts capture (R3) needs its host buffer unpinned: rollout/sglang_launch.py says why.
+ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 
 
 def cuda_available() -> bool:
@@ -114,11 +116,14 @@ class SGLangServer:
         """The launch command and the extra environment for this server."""
         on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")) == "cpu"
         env = {k: v for k, v in KEEP_ALIVE_ENV.items() if k not in os.environ}
+        module = (
+            "rollout.sglang_launch" if on_cpu and ROUTED_EXPERTS_FLAG in self.extra_args else "sglang.launch_server"
+        )
         if self.api_key:  # handed over in the environment: a command line is world-readable on the node
-            cmd = [sys.executable, "-c", LAUNCH_WITH_KEY, "sglang.launch_server"]
+            cmd = [sys.executable, "-c", LAUNCH_WITH_KEY, module]
             env[API_KEY_ENV] = self.api_key
         else:
-            cmd = [sys.executable, "-m", "sglang.launch_server"]
+            cmd = [sys.executable, "-m", module]
         cmd += ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port)]
         if on_cpu:
             cmd += CPU_FLAGS

@@ -29,7 +29,6 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "sglang_dp_size": None,
     "sglang_speculative_algorithm": None,
     "sglang_enable_deterministic_inference": False,
-    "use_rollout_routing_replay": False,
     "rollout_skip_special_tokens": False,
     "rollout_global_dataset": True,
     "use_distributed_post": False,

@@ -81,9 +81,15 @@ class TrainActor:
         }
         # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
         self.memory = TrainerOffload(args.offload_train, rebuild_groups=True)
+        # MoE routing replay (slime_like/megatron/routing_replay.py): the policy's routers can take given experts.
+        replay = {"moe_enable_routing_replay": True} if getattr(args, "use_routing_replay", False) else {}
         with self.memory.region():
             self.engine = MegatronTrainEngine(
-                args.hf_checkpoint, self._optimizer_settings(args.lr), temperature=args.rollout_temperature, **common
+                args.hf_checkpoint,
+                self._optimizer_settings(args.lr),
+                temperature=args.rollout_temperature,
+                **common,
+                **replay,
             )
             # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
             # value head (mbridge's value model), its own optimizer and learning rate.
@@ -173,7 +179,7 @@ class TrainActor:
             logger.warning("rollout %d: no usable samples, no optimizer step", rollout_id)
             return {}
         sft = self.args.loss_type == "sft_loss"
-        rows, metrics = self._sft_rows(data) if sft else self._rl_rows(data)
+        rows, metrics, routing = (*self._sft_rows(data), None) if sft else self._rl_rows(data)
         prepare_time = time.monotonic() - start
         # Critic warm-up: the first --num-critic-only-steps rollouts leave the policy as it is.
         train_policy = rollout_id >= self.args.num_critic_only_steps
@@ -188,7 +194,12 @@ class TrainActor:
                 step.update({f"critic/{k}": v for k, v in out.items()})
             if train_policy:
                 out = self.engine.train_step(
-                    tokens, step_rows, self.loss_fn, with_entropy=not sft, entropy_grad=self.entropy_grad
+                    tokens,
+                    step_rows,
+                    self.loss_fn,
+                    with_entropy=not sft,
+                    entropy_grad=self.entropy_grad,
+                    routing=None if routing is None else [routing[i] for i in idx],
                 )
                 step.update({f"train/{k}": v for k, v in out.items()})
             step_metrics.append(step)
@@ -213,11 +224,19 @@ class TrainActor:
         ]
         return rows, {}
 
-    def _rl_rows(self, data: TrainData) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """Old/ref log-probs, values, advantages and off-policy weights of every sample."""
+    def _rl_rows(self, data: TrainData) -> tuple[list[dict[str, Any]], dict[str, float], list[Any] | None]:
+        """Old/ref log-probs, values, advantages and off-policy weights of every sample, and the routing the
+        training forwards replay (None: no routing replay)."""
         args, lengths = self.args, data.response_lengths
         masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
-        old_lp = _response(self.engine.forward_logprobs(data.tokens), lengths)
+        # Routing replay, as slime: R3 replays the rollout's experts in the old-policy and training forwards;
+        # --use-routing-replay records the old-policy forward's and replays them in training. Ref and critic route.
+        routing = self._rollout_routing(data) if getattr(args, "use_rollout_routing_replay", False) else None
+        if getattr(args, "use_routing_replay", False) and routing is None:
+            old_full, routing = self.engine.forward_logprobs_and_routing(data.tokens)
+        else:
+            old_full = self.engine.forward_logprobs(data.tokens, routing=routing)
+        old_lp = _response(old_full, lengths)
         ref_lp = None
         if self.ref_weights is not None:
             ref_lp = _response(self._forward_with_weights(self.ref_weights, data.tokens), lengths)
@@ -236,6 +255,8 @@ class TrainActor:
             metrics["train/overlong_penalty_mean"] = sum(penalties) / max(1, len(penalties))
         normalized = bool(data.reward_normalized) and all(data.reward_normalized)  # by a slime post-process
         inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized)
+        if args.use_opd:
+            inputs.teacher_log_probs = self._teacher_log_probs(data)
         custom = self.custom_advantage
         if custom is not None and self.slime_advantage:
             custom = partial(slime_advantages, fn=self.custom_advantage, tokens=data.tokens)
@@ -270,7 +291,34 @@ class TrainActor:
                     row["rollout_log_probs"] = rollout_lp[i]  # checked above
             rows.append(row)
         metrics.update(self._rollout_metrics(result.advantages, masks, old_lp, rollout_lp, is_weights))
-        return rows, metrics
+        if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
+            tokens = max(1.0, sum(float(m.sum()) for m in masks))
+            metrics["train/opd_reverse_kl"] = sum(float(k.sum()) for k in result.opd_reverse_kl) / tokens
+        return rows, metrics, routing
+
+    def _teacher_log_probs(self, data: TrainData) -> list[torch.Tensor]:
+        """--use-opd: every sample's teacher log-probs, or an error saying which samples have none."""
+        teacher = data.teacher_log_probs or [None] * len(data)
+        missing = [data.sample_indices[i] for i, t in enumerate(teacher) if t is None]
+        if missing:
+            raise ValueError(
+                f"--use-opd: {len(missing)} of {len(data)} samples have no teacher_log_probs (sample indices "
+                f"{missing[:8]}): with --opd-type sglang, use --custom-rm-path "
+                "slime.rollout.on_policy_distillation.reward_func with the teacher's /generate URL as --rm-url"
+            )
+        return [torch.tensor(t, dtype=torch.float32) for t in teacher]
+
+    def _rollout_routing(self, data: TrainData) -> list[Any]:
+        """R3: every sample's routed experts from SGLang, or an error saying which samples have none."""
+        routing = data.rollout_routed_experts or [None] * len(data)
+        missing = [data.sample_indices[i] for i, r in enumerate(routing) if r is None]
+        if missing:
+            raise ValueError(
+                f"--use-rollout-routing-replay: {len(missing)} of {len(data)} samples have no rollout_routed_experts "
+                f"(sample indices {missing[:8]}): a generate function must send return_routed_experts=True and "
+                "keep the answer's meta_info['routed_experts'] (Sample.append_response_tokens does)"
+            )
+        return routing
 
     def _require_rollout(self, rollout_lp: list[torch.Tensor | None], flag: str) -> list[torch.Tensor]:
         missing = [i for i, r in enumerate(rollout_lp) if r is None]

@@ -28,6 +28,25 @@ FINISH_REASON_STATUS = {"length": Status.TRUNCATED, "abort": Status.ABORTED, "st
 # its output tokens, each version as the server reported it.
 VERSION_SPANS_KEY = "weight_version_spans"
 NO_VERSION = -1  # a version span's version for tokens no known weight version generated
+# meta_info key of a /generate answer asked for `return_routed_experts` (R3): base64 of int32 [tokens - 1, layers,
+# topk], the experts every token of the sequence but the last (never fed to the model) was routed to.
+ROUTED_EXPERTS_KEY = "routed_experts"
+
+
+def decode_routed_experts(encoded: Any, rows: int, num_layers: int, topk: int) -> Any:
+    """SGLang's routed experts (base64 or raw int32) as a numpy int32 array [rows, num_layers, topk]."""
+    import base64
+
+    import numpy as np
+
+    raw = base64.b64decode(encoded) if isinstance(encoded, str) else encoded
+    flat = np.frombuffer(raw, dtype=np.int32) if isinstance(raw, bytes | bytearray) else np.asarray(raw, np.int32)
+    if flat.size != rows * num_layers * topk:
+        raise ValueError(
+            f"SGLang returned {flat.size} routed-expert ids; {rows} tokens x {num_layers} layers x top-{topk} need "
+            f"{rows * num_layers * topk} (are --num-layers / --moe-router-topk the served model's?)"
+        )
+    return flat.reshape(rows, num_layers, topk).copy()  # frombuffer is read-only
 
 
 def version_number(version: Any) -> int:
@@ -182,6 +201,8 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (status as its string value); attributes set on the sample are included."""
         d = dict(self.__dict__)
+        if hasattr(d["rollout_routed_experts"], "tolist"):  # an array (R3): nested lists for JSON
+            d["rollout_routed_experts"] = d["rollout_routed_experts"].tolist()
         d["status"] = self.status.value
         d["spec_info"] = self.spec_info.to_dict()
         d["prefix_cache_info"] = self.prefix_cache_info.to_dict()
@@ -217,8 +238,8 @@ class Sample:
         text: str | None = None,
         update_terminal_info: bool = True,
     ) -> None:
-        """slime's helper: append response tokens (loss mask 1, their log-probs and meta_info's weight versions if
-        trainable, else 0, 0.0 and version -1)."""
+        """slime's helper: append response tokens (loss mask 1, their log-probs, meta_info's weight versions and
+        routed experts if trainable, else 0, 0.0 and version -1)."""
         new = [int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens or [])]
         lps = (
             None
@@ -249,6 +270,14 @@ class Sample:
             self.loss_mask += [1 if trainable else 0] * len(new)
             self.rollout_log_probs += lps if trainable else [0.0] * len(new)
             self.add_version_spans(len(new), meta_info if trainable else None)
+        if meta_info is not None and meta_info.get(ROUTED_EXPERTS_KEY) is not None and new and trainable:
+            # R3: an answer's routed experts cover the whole sequence it was asked for (SGLang's default start 0),
+            # so they replace those of an earlier, partial request.
+            if getattr(args, "num_layers", None) is None or getattr(args, "moe_router_topk", None) is None:
+                raise ValueError("append_response_tokens: routed experts need args with num_layers and moe_router_topk")
+            self.rollout_routed_experts = decode_routed_experts(
+                meta_info[ROUTED_EXPERTS_KEY], len(self.tokens) - 1, args.num_layers, args.moe_router_topk
+            )
         if meta_info is not None and update_terminal_info and "finish_reason" in meta_info:
             self._apply_terminal_info(args, meta_info)
         self._validate_response_metadata_lengths()

@@ -38,6 +38,7 @@ import torch
 
 from slime_like.megatron import context_parallel as cp_lib
 from slime_like.megatron import model as model_lib
+from slime_like.megatron import routing_replay as replay_lib
 from slime_like.megatron.cpu_compat import ON_CUDA, cuda_to_cpu
 from slime_like.megatron.logprobs import logprobs_and_entropy
 from slime_like.megatron.optimizer import OptimizerSettings, build_optimizer
@@ -125,6 +126,13 @@ def _value_heads_hidden(model: list[torch.nn.Module]) -> Iterator[None]:
             chunk.output_layer = head
 
 
+def _model_config(chunk: torch.nn.Module) -> Any:
+    """The TransformerConfig of a model chunk (its MoE sizes: layers, top-k, experts)."""
+    from megatron.core.utils import get_model_config
+
+    return get_model_config(chunk)
+
+
 def _on_device(item: Any, device: torch.device) -> Any:
     """A loss function's per-sequence data with its tensors on the logits' device (rows are built on CPU)."""
     if isinstance(item, dict):
@@ -188,20 +196,57 @@ class MegatronTrainEngine:
             config.grad_scale_func = self.optimizer.scale_loss
             no_sync = [m.no_sync for m in self.model]
             config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        # MoE routing replay (routing_replay.py): the routers that replay, per model chunk, when the config asks.
+        self.routers = {id(chunk): replay_lib.find_routers(chunk) for chunk in self.model}
+        if any(self.routers.values()):
+            replay_lib.check_replayable(config)
 
     def forward_logprobs(
-        self, sequences: Sequence[Sequence[int] | torch.Tensor], with_entropy: bool = False
+        self,
+        sequences: Sequence[Sequence[int] | torch.Tensor],
+        with_entropy: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per sequence (full batch, on every rank): log p(token_t | tokens_<t) for t >= 1 [, entropies]."""
+        """Per sequence (full batch, on every rank): log p(token_t | tokens_<t) for t >= 1 [, entropies].
+
+        routing: per sequence the experts to replay, [L - 1, layers, topk] (routing_replay.py; None: route freely)."""
         for m in self.model:
             m.eval()
         collect = partial(self._collect, with_entropy=with_entropy)
         with torch.no_grad():
-            stores = self._run(sequences, collect, forward_only=True)
+            stores = self._run(sequences, collect, forward_only=True, replay=self._replay(routing))
         local = {i: v for store in stores for i, v in store.items()}
         merged = share_from_last_stage(local, lambda parts: {i: v for part in parts for i, v in part.items()})
         logprobs = [merged[i][0] for i in range(len(sequences))]
         return (logprobs, [merged[i][1] for i in range(len(sequences))]) if with_entropy else logprobs
+
+    def forward_logprobs_and_routing(
+        self, sequences: Sequence[Sequence[int] | torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """forward_logprobs, and the experts each MoE router picked per sequence, [L - 1, layers, topk] int32 on
+        every rank (--use-routing-replay records them in the old-policy forward)."""
+        from megatron.core import parallel_state as mpu
+
+        for m in self.model:
+            m.eval()
+        replay = self._replay(None, record=True)
+        with torch.no_grad():
+            stores = self._run(sequences, partial(self._collect, with_entropy=False), forward_only=True, replay=replay)
+        local = {i: v for store in stores for i, v in store.items()}
+        merged = share_from_last_stage(local, lambda parts: {i: v for part in parts for i, v in part.items()})
+        # Each rank recorded its DP share's sequences for its pipeline stage's layers: every rank gets them all.
+        parts = [replay.local_recorded()]
+        for size, group in (
+            (mpu.get_data_parallel_world_size(), mpu.get_data_parallel_group()),
+            (mpu.get_pipeline_model_parallel_world_size(), mpu.get_pipeline_model_parallel_group()),
+        ):
+            if size > 1:
+                gathered: list[Any] = [None] * size
+                torch.distributed.all_gather_object(gathered, parts, group=group)
+                parts = [p for ps in gathered for p in ps]
+        config = _model_config(self.model[0])
+        routing = replay_lib.assemble(parts, len(sequences), config.num_layers, config.moe_router_topk)
+        return [merged[i][0] for i in range(len(sequences))], routing
 
     def forward_values(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> list[torch.Tensor]:
         """A critic's (value_head=True) per-sequence values of the states before tokens 1..L-1."""
@@ -215,10 +260,12 @@ class MegatronTrainEngine:
         loss_fn: LossFn,
         with_entropy: bool = False,
         entropy_grad: bool = True,
+        routing: Sequence[Any] | None = None,
     ) -> dict[str, float]:
         """One optimizer step on the full batch; returns summed loss/metric shares, grad_norm and lr.
 
-        entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward."""
+        entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward.
+        routing: per sequence the experts to replay in the forward (and any recompute), as in forward_logprobs."""
         assert self.optimizer is not None, "engine was built without an optimizer"
         assert len(per_sequence_data) == len(sequences), "one data item per sequence"
         for m in self.model:
@@ -228,7 +275,7 @@ class MegatronTrainEngine:
         compute = partial(
             self._loss, data=per_sequence_data, loss_fn=loss_fn, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
-        stores = self._run(sequences, compute, forward_only=False)
+        stores = self._run(sequences, compute, forward_only=False, replay=self._replay(routing))
         totals: dict[str, float] = {}
         for store in stores:
             for key, value in store.items():
@@ -340,8 +387,33 @@ class MegatronTrainEngine:
 
         return cp_lib.shard(mb, self.cp_size, mpu.get_context_parallel_rank()) if self.cp_size > 1 else None
 
-    def _run(self, sequences, compute: Callable, forward_only: bool) -> list[dict]:
-        """Run Megatron's forward-backward schedule; `compute(mb, shard, num_mb, output)` is the loss function."""
+    def _replay(self, routing: Sequence[Any] | None, record: bool = False) -> replay_lib.RoutingReplay | None:
+        """The routing replay (or recording) of one pass; None when there is nothing to replay."""
+        if routing is None and not record:
+            return None
+        from megatron.core import parallel_state as mpu
+
+        if not any(self.routers.values()) and mpu.get_pipeline_model_parallel_world_size() == 1:
+            raise ValueError(
+                "routing replay needs an MoE model built with moe_enable_routing_replay=True "
+                "(--use-routing-replay / --use-rollout-routing-replay)"
+            )
+        config = _model_config(self.model[0])
+        sp = mpu.get_tensor_model_parallel_world_size() if config.sequence_parallel else 1
+        return replay_lib.RoutingReplay(
+            self.routers,
+            config.num_layers,
+            config.moe_router_topk,
+            config.num_moe_experts,
+            routing,
+            cp=(self.cp_size, mpu.get_context_parallel_rank()),
+            sp=(sp, mpu.get_tensor_model_parallel_rank()),
+            groups=(mpu.get_context_parallel_group(), mpu.get_tensor_model_parallel_group()),
+        )
+
+    def _run(self, sequences, compute: Callable, forward_only: bool, replay=None) -> list[dict]:
+        """Run Megatron's forward-backward schedule; `compute(mb, shard, num_mb, output)` is the loss function;
+        `replay` (routing_replay.RoutingReplay) sets the routers' experts around each micro-batch's forward."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micro_batches = self._plan(sequences)
@@ -353,25 +425,33 @@ class MegatronTrainEngine:
             tokens, positions = (mb.tokens, mb.position_ids) if shard is None else (shard.tokens, shard.position_ids)
             # TE's causal attention ignores an explicit mask; THD boundaries travel in packed_seq_params.
             mask = None if self.transformer_engine or mb.attention_mask is None else mb.attention_mask.to(self.device)
+            if replay is not None:
+                replay.before(model, mb)
             output = model(
                 tokens.to(self.device),
                 positions.to(self.device),
                 mask,
                 packed_seq_params=mb.packed_seq_params(self.device),
             )
+            if replay is not None:
+                replay.after(model, mb)
             return output, partial(compute, mb, shard, num_mb)
 
         iterators = [iter(micro_batches) for _ in self.model]
-        with cuda_to_cpu():
-            return get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=iterators if len(iterators) > 1 else iterators[0],
-                model=self.model,
-                num_microbatches=num_mb,
-                seq_length=max(mb.tokens.shape[1] for mb in micro_batches),
-                micro_batch_size=1,
-                forward_only=forward_only,
-            )
+        try:
+            with cuda_to_cpu():
+                return get_forward_backward_func()(
+                    forward_step_func=forward_step,
+                    data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                    model=self.model,
+                    num_microbatches=num_mb,
+                    seq_length=max(mb.tokens.shape[1] for mb in micro_batches),
+                    micro_batch_size=1,
+                    forward_only=forward_only,
+                )
+        finally:
+            if replay is not None:
+                replay.finish()
 
     def _per_sequence(self, mb: MicroBatch, shard: cp_lib.CPShard | None, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-sequence values from per-position ones (this CP rank's positions: gathered in full first)."""
