@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -24,6 +23,7 @@ from rollout import sglang_client as client
 from rollout.arguments import eval_data_keys, server_dtype
 from rollout.context import RolloutContext, running
 from rollout.continuous import ContinuousRollout
+from rollout.debug_data import load_rollout_data, save_rollout_data
 from rollout.engines import Engine, EngineLaunch, start_engines, start_router, stop_engines
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
@@ -116,7 +116,7 @@ class RolloutManager:
         if self._external:
             if router_url is None:
                 self._start_local_router(Path(args.output_dir) / "logs")
-        else:
+        elif not args.debug_train_only:  # --debug-train-only replays saved rollouts: no servers
             self._start_engines(engine_slots or [], use_gpu, env or {})
 
     def _data_source(self) -> Any:
@@ -367,6 +367,8 @@ class RolloutManager:
 
     def router_info(self) -> dict[str, Any]:
         """The router's URL, its process's pid (None for one started elsewhere) and the workers it lists."""
+        if self._router_url is None:  # --debug-train-only: no servers, no router
+            return {"url": None, "pid": None, "workers": []}
         if isinstance(self.router, SGLangRouter):
             pid = self.router.process.pid if self.router.process else None
         else:
@@ -417,7 +419,12 @@ class RolloutManager:
                 self._contexts.pop(id(ctx), None)
 
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
-        """Generate, score and filter `--rollout-batch-size` groups; returns them with metrics."""
+        """Generate, score and filter `--rollout-batch-size` groups (or load them, with --load-debug-rollout-data);
+        returns them with metrics."""
+        if self.args.load_debug_rollout_data is not None:
+            args = self.args
+            groups = load_rollout_data(args.load_debug_rollout_data, rollout_id, args.load_debug_rollout_data_subsample)
+            return self._finish(rollout_id, groups, rollout_metrics(groups, args.reward_key))
         start = time.monotonic()
         groups, counters = self._run_checked(_rollout(self, rollout_id), f"rollout {rollout_id}")
         metrics = rollout_metrics(groups, self.args.reward_key)
@@ -438,7 +445,7 @@ class RolloutManager:
             metrics["rollout/engines_restarted"] = self.engines_restarted
             metrics["rollout/router_restarts"] = self.router_restarts
         metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
-        self._dump(f"rollout_{rollout_id:06d}", groups)
+        save_rollout_data(self.args, rollout_id, groups)
         return groups, metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, Any]:
@@ -449,17 +456,8 @@ class RolloutManager:
         metrics, groups = self._run_checked(_evaluate(self, rollout_id), f"evaluation at rollout {rollout_id}")
         metrics["eval/time"] = time.monotonic() - start
         if groups:
-            self._dump(f"eval_{rollout_id:06d}", groups)
+            save_rollout_data(self.args, rollout_id, groups, evaluation=True)
         return metrics
-
-    def _dump(self, name: str, groups: list[list[Sample]]) -> None:
-        """With --save-debug-rollout-data, keep every sample of this rollout (or eval) as jsonl."""
-        if not self.args.save_debug_rollout_data:
-            return
-        target = Path(self.args.output_dir) / "rollouts"
-        target.mkdir(parents=True, exist_ok=True)
-        with (target / f"{name}.jsonl").open("w") as f:
-            f.writelines(json.dumps(s.to_dict()) + "\n" for g in groups for s in g)
 
     def _run(self, coro: Awaitable[Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

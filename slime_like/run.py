@@ -14,6 +14,7 @@ import ray
 
 from buffer.accounting import all_failed
 from buffer.train_data import build_train_data
+from rollout.debug_data import save_train_data
 from rollout.manager import RolloutManager
 from slime_like.actor_group import WATCH_INTERVAL, TrainGroup
 from slime_like.arguments import resolve_precision
@@ -62,7 +63,8 @@ class Run:
     def _start(self, args: Any, start: float) -> None:
         """Everything after the engines were asked to start: trainer ranks, checks, resume."""
         placement = self.placement
-        self.trainer = TrainGroup(args, placement)
+        # --debug-rollout-only: no trainer; the steps generate (and save, with --save-debug-rollout-data) only.
+        self.trainer = None if args.debug_rollout_only else TrainGroup(args, placement)
         self.server_urls = self.wait(self.rollout.server_urls.remote(), "the engines started")
         self.engines = ray.get(self.rollout.engine_layout.remote())
         lines = placement.describe(self.engines)
@@ -71,14 +73,19 @@ class Run:
         self._check_transports()
         self.metrics = MetricsLogger(args.output_dir, args, args.use_tensorboard, args.use_wandb)
         # Colocated on GPU the trainer's memory leaves the GPU while the servers generate (--offload-train).
-        self.offload_train = args.offload_train and self.use_gpu
+        self.offload_train = args.offload_train and self.use_gpu and self.trainer is not None
         self.pending_metrics: dict[str, Any] = {"time/startup": time.monotonic() - start}
         self.weights_pushed = False  # whether the servers got the trainer's weights (and, with the flag, a check)
-        self.start_rollout = self._load() if args.load or args.ref_load else 0
-        if args.check_weight_update and not self.weights_pushed:
+        self.start_rollout = self._load() if (args.load or args.ref_load) and self.trainer is not None else 0
+        if args.check_weight_update and not self.weights_pushed and self.has_both_sides:
             worst = self.trainer.check_weights(self.server_urls, "before the first rollout")
             logger.info("before the first rollout: the servers match the trainer within %.2g", worst)
         self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
+
+    @property
+    def has_both_sides(self) -> bool:
+        """Whether trainer and servers both run (not --debug-rollout-only or --debug-train-only): weights move."""
+        return not (self.args.debug_rollout_only or self.args.debug_train_only)
 
     def wait(self, refs: Any, what: str) -> Any:
         """`ray.get`, stopping with NodeLostError (naming the node and what it held) if one of our nodes dies, and
@@ -96,10 +103,11 @@ class Run:
         """output-dir/placement.json: each trainer rank's node and pid, each engine's node and SGLang pids, the
         router."""
         router = ray.get(self.rollout.router_info.remote())
+        pids = self.trainer.pids() if self.trainer is not None else []  # none with --debug-rollout-only
         record = {
             "trainer": [
                 {"rank": r, "node": s.node_id, "address": s.node_ip, "pid": pid}
-                for r, (s, pid) in enumerate(zip(self.placement.trainer, self.trainer.pids(), strict=True))
+                for r, (s, pid) in enumerate(zip(self.placement.trainer, pids, strict=False))
             ],
             "engines": self.engines,
             "router": router,
@@ -135,7 +143,7 @@ class Run:
         """The disk transport needs a filesystem that every engine node shares with trainer rank 0: checked once,
         before any update."""
         kinds = {self.args.update_weight_transport, self.args.update_weight_fallback}
-        if "disk" in kinds:
+        if "disk" in kinds and self.has_both_sides:
             marker = Path(self.args.output_dir).resolve() / "weights" / f".visible-{uuid.uuid4().hex[:8]}"
             self.trainer.touch(str(marker))
             try:
@@ -162,7 +170,11 @@ class Run:
                 f"rollout {rollout_id}: {failed}. Generation errors point at the engines or the router (their "
                 "logs under --output-dir), reward errors at the reward function (--rm-type, --custom-rm-path)."
             )
+        if self.trainer is None:  # --debug-rollout-only
+            return metrics
         data = build_train_data(groups, reward_key=self.args.reward_key)
+        if self.args.save_debug_train_data:
+            save_train_data(self.args.save_debug_train_data, rollout_id, data)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
         colocated_gpu = self.args.colocate and self.use_gpu and self.args.offload_rollout is not False
         if colocated_gpu:
@@ -176,7 +188,10 @@ class Run:
 
     def update_weights(self, rollout_id: int) -> float:
         """Push the trained weights into every server, tagged with version rollout_id + 1; then, with
-        --offload-train, the trainer's memory leaves the GPU until the next train."""
+        --offload-train, the trainer's memory leaves the GPU until the next train. Nothing to do without both sides
+        (--debug-rollout-only, --debug-train-only)."""
+        if not self.has_both_sides:
+            return 0.0
         self._recover_engines()
         seconds = self.trainer.update_weights(
             self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir
@@ -204,15 +219,20 @@ class Run:
             self.pending_metrics.update(self.trainer.offload())
 
     def evaluate(self, rollout_id: int, force: bool = False) -> dict[str, Any]:
-        """Eval metrics when due (every --eval-interval rollouts, before the first, and when forced)."""
-        if not self.args.eval_interval or (rollout_id % self.args.eval_interval and not force):
+        """Eval metrics when due (every --eval-interval rollouts, before the first, and when forced); none without
+        servers (--debug-train-only)."""
+        if self.args.debug_train_only or not self.args.eval_interval:
+            return {}
+        if rollout_id % self.args.eval_interval and not force:
             return {}
         return self.wait(self.rollout.evaluate.remote(rollout_id), f"evaluation at rollout {rollout_id}")
 
     def save(self, rollout_id: int) -> None:
         """Checkpoint when due, atomically, in Megatron-LM's layout: iter_<rollout id>/ with the data state."""
         interval = self.args.save_interval
-        if not interval or ((rollout_id + 1) % interval and rollout_id + 1 != self.args.num_rollout):
+        if self.trainer is None or not interval:  # --debug-rollout-only trains nothing to save
+            return
+        if (rollout_id + 1) % interval and rollout_id + 1 != self.args.num_rollout:
             return
         with layout.saving(self.args.save, rollout_id, self.args.keep_last_n_checkpoints) as directory:
             self.trainer.save(str(directory), rollout_id)
@@ -335,6 +355,8 @@ class Run:
         with retract or in_place they stay in the engines. The health checks pause first (/health hangs while
         generation is paused) and dead engines restart, as in `update_weights`."""
         args = self.args
+        if not self.has_both_sides:
+            return 0.0
         start = time.monotonic()
         self._recover_engines()
         self.wait(self.rollout.pause_generation.remote(args.pause_generation_mode), "generation paused")

@@ -10,9 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO_ROOT
-from tests.integration.same_run import assert_same_metrics, assert_same_samples, assert_same_weights
+from tests.integration.same_run import assert_same_metrics, assert_same_samples, assert_same_weights, timing
 
 N_PROMPTS = 6
 N_SAMPLES = 2
@@ -164,6 +165,46 @@ def test_resume_ends_where_the_uninterrupted_run_ends(
     assert_same_metrics(tmp_path / "resumed", out / "run", [3, 4, 5, 6])
     assert eval_responses(tmp_path / "resumed", 3) == eval_responses(out / "run", 3)
     assert_same_weights(tmp_path / "ckpt" / "iter_0000005", out / "ckpt" / "iter_0000005")
+
+
+def test_a_saved_rollout_replays_into_training_bit_identically(
+    sync_run: tuple[Path, list[dict]], tiny_qwen3: Path, task: Path, tmp_path: Path
+) -> None:
+    """slime's --load-debug-rollout-data: no server starts, and training on the sync run's saved rollouts takes the
+    same steps (every train metric equal), from the same weights."""
+    out, records = sync_run
+    template = str(out / "run" / "rollouts" / "rollout_{rollout_id:06d}.jsonl")
+    replay = run_loop(
+        "slime_like.train", tiny_qwen3, task, tmp_path / "replay", "--load-debug-rollout-data", template,
+        "--save-debug-train-data", str(tmp_path / "train" / "{rollout_id}.pt"), num_rollout=3,
+    )  # fmt: skip
+    placement = json.loads((tmp_path / "replay" / "placement.json").read_text())
+    assert placement["engines"] == [] and placement["router"]["url"] is None
+    assert not list((tmp_path / "replay" / "logs").glob("sglang*"))
+    original = {r["step"]: r for r in records if "train/loss" in r}
+    replayed = {r["step"]: r for r in replay if "train/loss" in r}
+    assert sorted(replayed) == [0, 1, 2]
+    for step, metrics in replayed.items():
+        train = {k: v for k, v in metrics.items() if k.startswith("train/") and not timing(k)}
+        assert train and train == {k: original[step][k] for k in train}, step
+    saved = torch.load(tmp_path / "train" / "1.pt")
+    assert saved["tokens"] == [s["tokens"] for s in rollouts(out / "run")[1] if s["status"] != "failed"]
+
+
+def test_debug_rollout_only_generates_without_a_trainer(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
+    """slime's --debug-rollout-only: no trainer rank starts; rollouts are generated and saved in slime's format."""
+    records = run_loop(
+        "slime_like.train", tiny_qwen3, task, tmp_path / "run", "--debug-rollout-only",
+        "--save-debug-rollout-data", str(tmp_path / "dump" / "{rollout_id}.pt"), num_rollout=2,
+    )  # fmt: skip
+    assert json.loads((tmp_path / "run" / "placement.json").read_text())["trainer"] == []
+    assert not list((tmp_path / "run" / "logs").glob("trainer_rank*"))
+    assert [r["step"] for r in records] == [0, 1] and not any("train/loss" in r for r in records)
+    dumped = [torch.load(tmp_path / "dump" / f"{i}.pt", weights_only=False) for i in range(2)]
+    assert [d["rollout_id"] for d in dumped] == [0, 1]
+    assert [len(d["samples"]) for d in dumped] == [BATCH * N_SAMPLES] * 2
+    # No trainer, no weight update: both rollouts ran on the servers' first weights.
+    assert {s["weight_version"] for d in dumped for s in d["samples"]} == {0}
 
 
 @pytest.mark.slow
