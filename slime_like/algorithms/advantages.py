@@ -43,10 +43,10 @@ class AdvantageInputs:
     ref_log_probs: list[torch.Tensor] | None = None  # the reference snapshot's, when a KL term is on
     rollout_log_probs: list[torch.Tensor | None] | None = None  # SGLang's, where the sample has them
     values: list[torch.Tensor] | None = None  # the critic's (ppo)
-    teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd: the teacher's, of the sampled tokens
     # Rewards a slime reward post-process already normalised: grpo/gspo/cispo take them as the advantage and
     # reinforce_plus_plus_baseline skips its group baseline (what slime's post-process replaces).
     rewards_normalized: bool = False
+    teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd: the teacher's, of the sampled tokens
 
 
 @dataclass
