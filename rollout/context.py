@@ -37,6 +37,7 @@ class RolloutContext:
     # Called (on the event loop, must not block) when a request through the router failed and will be retried: with
     # --use-fault-tolerance it makes the router's health check run now instead of at the end of its interval.
     request_failed: Callable[[], None] | None = None
+    engine_turn: int = 0  # round robin over server_urls for requests the router cannot pass on (R3's)
 
     def count(self, key: str, n: int = 1) -> None:
         """Add to a named counter reported in the rollout metrics as `rollout/<key>`."""

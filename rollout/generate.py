@@ -78,7 +78,7 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
             if ctx.aborting:
                 raise AbortedBeforeSending(rid)
             ctx.inflight.add(rid)
-            url = ctx.router_url  # per attempt: a restarted router may have moved
+            url = _target(ctx, payload)  # per attempt: a restarted router may have moved, an engine be down
             try:
                 return await client.generate_async(ctx.session, url, {**payload, "rid": rid})
             except client.GenerateRefused:  # the request itself is wrong: retrying cannot help
@@ -97,6 +97,16 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
             await asyncio.sleep(delay)
             delay = min(2 * delay, 5.0)
     raise EngineError(error)
+
+
+def _target(ctx: RolloutContext, payload: dict[str, Any]) -> str:
+    """The router, or for an R3 request the next engine in turn: sglang-router 0.3.2 drops `return_routed_experts`
+    from the requests it passes on (measured: the answer through the router has no routed experts), so those go to
+    the engines directly, round robin (a retry goes to the next one)."""
+    if not payload.get("return_routed_experts") or not ctx.server_urls:
+        return ctx.router_url
+    ctx.engine_turn += 1
+    return ctx.server_urls[ctx.engine_turn % len(ctx.server_urls)]
 
 
 def append_model_tokens(sample: Sample, out: dict[str, Any]) -> list[int]:

@@ -217,3 +217,31 @@ def test_routing_replay_records_the_old_forward_and_replays_it_in_training(rollo
         assert torch.equal(train, old)  # replayed in the training forward
     # The moved routers now pick other experts for some tokens: what the replay kept out of the training forward.
     assert any(not torch.equal(a, b) for a, b in zip(free_after, chosen, strict=True))
+
+
+def test_r3_through_the_real_loop(near_tied_moe: Path, tmp_path: Path) -> None:
+    """slime's flag in a run (Ray, the engine it starts, the router, trainer ranks): on routers this close, free
+    routing puts Megatron's log-probs ~8e-3 from SGLang's (measured above); replaying SGLang's routing through
+    TrainActor's old-policy forward brings them to float32 rounding."""
+    import json
+    import sys
+
+    from tests.integration.test_train_loop import run_command
+
+    rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "slime_like.train", "--hf-checkpoint", str(near_tied_moe),
+        "--prompt-data", str(tmp_path / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", "2",
+        "--rollout-max-response-len", "16", "--rollout-temperature", "1.0", "--use-rollout-routing-replay",
+        "--output-dir", str(out), "--save-debug-rollout-data", "--ray-num-cpus", "4",
+    ]  # fmt: skip
+    proc = run_command(cmd, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    mismatch = [r["train/train_rollout_logprob_abs_diff"] for r in records if "train/loss" in r]
+    assert len(mismatch) == 2 and max(mismatch) < 1e-5, mismatch
+    sample = json.loads((out / "rollouts" / "rollout_000001.jsonl").read_text().splitlines()[0])
+    assert torch.tensor(sample["rollout_routed_experts"]).shape == (len(sample["tokens"]) - 1, LAYERS, TOPK)
