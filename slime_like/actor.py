@@ -298,27 +298,20 @@ class TrainActor:
 
     def _teacher_log_probs(self, data: TrainData) -> list[torch.Tensor]:
         """--use-opd: every sample's teacher log-probs, or an error saying which samples have none."""
-        teacher = data.teacher_log_probs or [None] * len(data)
-        missing = [data.sample_indices[i] for i, t in enumerate(teacher) if t is None]
-        if missing:
-            raise ValueError(
-                f"--use-opd: {len(missing)} of {len(data)} samples have no teacher_log_probs (sample indices "
-                f"{missing[:8]}): with --opd-type sglang, use --custom-rm-path "
-                "slime.rollout.on_policy_distillation.reward_func with the teacher's /generate URL as --rm-url"
-            )
+        hint = (
+            "with --opd-type sglang, use --custom-rm-path slime.rollout.on_policy_distillation.reward_func with the "
+            "teacher's /generate URL as --rm-url"
+        )
+        teacher = _every_sample(data, "teacher_log_probs", "--use-opd", hint)
         return [torch.tensor(t, dtype=torch.float32) for t in teacher]
 
     def _rollout_routing(self, data: TrainData) -> list[Any]:
         """R3: every sample's routed experts from SGLang, or an error saying which samples have none."""
-        routing = data.rollout_routed_experts or [None] * len(data)
-        missing = [data.sample_indices[i] for i, r in enumerate(routing) if r is None]
-        if missing:
-            raise ValueError(
-                f"--use-rollout-routing-replay: {len(missing)} of {len(data)} samples have no rollout_routed_experts "
-                f"(sample indices {missing[:8]}): a generate function must send return_routed_experts=True and "
-                "keep the answer's meta_info['routed_experts'] (Sample.append_response_tokens does)"
-            )
-        return routing
+        hint = (
+            "a generate function must send return_routed_experts=True and keep the answer's "
+            "meta_info['routed_experts'] (Sample.append_response_tokens does)"
+        )
+        return _every_sample(data, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
 
     def _require_rollout(self, rollout_lp: list[torch.Tensor | None], flag: str) -> list[torch.Tensor]:
         missing = [i for i, r in enumerate(rollout_lp) if r is None]
@@ -475,3 +468,14 @@ class TrainActor:
             self.critic.load_checkpoint(critic, load_optimizer, load_rng=False)  # one RNG state: the policy's
         else:
             logger.info("%s holds no critic (%s/): the critic starts from --hf-checkpoint", directory, CRITIC_DIR)
+
+
+def _every_sample(data: TrainData, column: str, flag: str, hint: str) -> list[Any]:
+    """A per-sample column `flag` needs, or an error naming the samples that lack it and how to fill it."""
+    values = getattr(data, column) or [None] * len(data)
+    missing = [data.sample_indices[i] for i, v in enumerate(values) if v is None]
+    if missing:
+        raise ValueError(
+            f"{flag}: {len(missing)} of {len(data)} samples have no {column} (sample indices {missing[:8]}): {hint}"
+        )
+    return values
