@@ -254,7 +254,6 @@ def test_resume_trains_the_groups_in_flight(
             assert sample["tokens"][: len(before["tokens"])] == before["tokens"]
 
 
-@pytest.mark.slow
 def test_generate_and_reward_plugins_and_dynamic_sampling(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
     records = run_loop(
         tiny_qwen3, task, tmp_path, "--custom-generate-function-path", "tagging_plugin.generate",

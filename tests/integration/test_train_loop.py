@@ -207,7 +207,6 @@ def test_debug_rollout_only_generates_without_a_trainer(tiny_qwen3: Path, task: 
     assert {s["weight_version"] for d in dumped for s in d["samples"]} == {0}
 
 
-@pytest.mark.slow
 def test_a_rollout_whose_every_sample_failed_stops_the_run(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
     """Not step after step of training on nothing: the first such rollout stops the run, quoting the error."""
     cmd = loop_command("slime_like.train", tiny_qwen3, task, tmp_path / "run", num_rollout=3)
