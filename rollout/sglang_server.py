@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -36,6 +37,16 @@ CPU_MAX_TOTAL_TOKENS = 65536
 KEEP_ALIVE_ENV = {"SGLANG_TIMEOUT_KEEP_ALIVE": "3600"}
 # On CPU, SGLang's routed-experts capture (R3) needs its host buffer unpinned: rollout/sglang_launch.py says why.
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+
+
+def needs_remote_code(model_path: str | Path) -> bool:
+    """Whether the checkpoint's config.json names its own code (auto_map: Kimi-K2, MiMo), which SGLang loads only
+    with --trust-remote-code (else it stops at start: "contains custom code ... trust_remote_code=True")."""
+    config = Path(model_path) / "config.json"
+    try:
+        return "auto_map" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False  # not a local checkpoint, or no readable config: SGLang's own checks say what is wrong
 
 
 def cuda_available() -> bool:
@@ -144,6 +155,8 @@ class SGLangServer:
             cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
         if self.dtype:
             cmd += ["--dtype", self.dtype]
+        if needs_remote_code(self.model_path) and "--trust-remote-code" not in self.extra_args:
+            cmd.append("--trust-remote-code")  # as the trainer reads the config (slime_like/core/hf_config.py)
         return cmd + self.extra_args, env
 
     def _tp_size(self) -> int:

@@ -7,7 +7,7 @@ Example:
 one iter_XXXXXXX/ or release/ directory, or a plain torch_dist directory. Only the model weights are read.
 --hf-checkpoint is the original HF directory: the model is built from its config, and its config,
 tokenizer, chat template and generation config are copied next to the new weights, with its multi-token-prediction
-layers (GLM-4.5, DeepSeek-V3), which the engine does not train. The layout used
+layers (GLM-4.5, DeepSeek-V3, MiMo), which the engine does not train. The layout used
 here may differ from the one the checkpoint was saved with (the model weights are resharded). A
 checkpoint whose tensor shapes do not match the HF config stops the tool naming each tensor.
 """

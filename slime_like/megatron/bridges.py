@@ -11,8 +11,9 @@ mbridge 0.15.1 builds Megatron models from HF configs; three of its bridges need
   transformers 5 (`partial_rotary_factor` in `rope_parameters`), and asks for an auxiliary loss.
 - GLM-4-0414 (glm4): no mbridge bridge; Qwen2's plus interleaved partial rope and sandwich norms
   (slime_like.megatron.sandwich_norms).
+- MiMo (mimo): Qwen2's main layers; mbridge's MimoBridge also builds the MTP layers, which are not trained here.
 - Every family: transformers 5 keeps `rope_theta` in `rope_parameters` (fixed on the config first).
-- Multi-token prediction (`num_nextn_predict_layers` > 0, GLM-4.5 and DeepSeek-V3 checkpoints): Megatron builds
+- Multi-token prediction (`num_nextn_predict_layers` > 0, GLM-4.5, DeepSeek-V3 and MiMo checkpoints): Megatron builds
   the main layers only; the MTP layers' tensors stay in the HF checkpoint (hf_weights.untrained_hf_names).
 The weights themselves are converted by slime_like.megatron.hf_weights with the name maps of
 slime_like.megatron.families, not by mbridge's loader (which assumes Transformer Engine names).
@@ -180,6 +181,18 @@ class Glm4Bridge(Qwen2Bridge):
         from slime_like.megatron.sandwich_norms import add_sandwich_norms
 
         return add_sandwich_norms(super()._get_transformer_layer_spec(vp_stage))
+
+
+class MimoBridge(Qwen2Bridge):
+    """MiMo-7B (mimo): Qwen2's layers (qkv bias, plain rope); its multi-token-prediction layers are not built."""
+
+    def _build_config(self) -> Any:
+        hf = self.hf_config
+        # Megatron runs plain full attention: a config asking for rope scaling or a sliding window is another model.
+        _default_rope(hf, "mimo")
+        if getattr(hf, "use_sliding_window", False):
+            raise ValueError("use_sliding_window=true in the HF config is not supported for mimo (full attention)")
+        return super()._build_config()
 
 
 class DeepseekV3CoreBridge(DeepseekV3Bridge):

@@ -125,6 +125,8 @@ def _families() -> dict[str, Family]:
         ),
         # GLM-4.5/4.6/4.7: qkv bias and QK norm map when the config has them; dense first_k_dense_replace layers.
         "glm4_moe": Family(bridges.Glm4MoeCoreBridge, {**_DENSE_GQA, **_QK_NORM, **_DEEPSEEK_MOE}),
+        # MiMo-7B: Qwen2's main layers under their usual names; its MTP layers (model.mtp_layers) are not built.
+        "mimo": Family(bridges.MimoBridge, _DENSE_GQA),
     }
 
 

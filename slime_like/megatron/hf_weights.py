@@ -24,13 +24,17 @@ from slime_like.megatron.conversion import AttentionShape, shard, to_hf, to_mega
 from slime_like.megatron.families import Rule, rules_for, template
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_HF_MTP_LAYER = re.compile(r"^model\.mtp_layers\.\d+\.")  # MiMo's own place for its MTP layers
 
 
 def untrained_hf_names(names: Iterable[str], hf_config: Any) -> list[str]:
     """The checkpoint tensors no Megatron parameter holds: the multi-token-prediction layers (model.layers.{n}
-    for n >= num_hidden_layers), which Megatron does not build; a full export copies them from the checkpoint."""
+    for n >= num_hidden_layers, or MiMo's model.mtp_layers.{i}), which Megatron does not build; a full export
+    copies them from the checkpoint."""
     layers = hf_config.num_hidden_layers
-    return sorted(n for n in names if (m := _HF_LAYER.match(n)) and int(m.group(1)) >= layers)
+    return sorted(
+        n for n in names if _HF_MTP_LAYER.match(n) or ((m := _HF_LAYER.match(n)) and int(m.group(1)) >= layers)
+    )
 
 
 class HFCheckpoint:

@@ -16,13 +16,15 @@ import pytest
 from rollout.sglang_server import SGLangServer
 from slime_like.weights.check import served_logprobs
 from tests.integration.test_weight_update import SEQUENCE, make_transport, train_one_step, trainable_engine
-from tests.megatron.tiny_families import make_glm4, make_glm4_moe
+from tests.megatron.tiny_families import make_glm4, make_glm4_moe, make_mimo
 
 TOLERANCE = 1e-4  # mean absolute log-prob difference, fp32 on both sides
 # family -> (tiny checkpoint maker, extra SGLang flags)
 SERVED = {
     "glm4_moe": (make_glm4_moe, []),
     "glm4": (make_glm4, []),
+    # MiMo's config is custom code, like the real checkpoint's: the server adds --trust-remote-code itself.
+    "mimo": (make_mimo, []),
 }
 
 

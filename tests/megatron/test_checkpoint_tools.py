@@ -12,7 +12,7 @@ import torch
 
 from tests.megatron.launch import REPO_ROOT, torchrun
 from tests.megatron.test_families import safetensors_of
-from tests.megatron.tiny_families import make_deepseek_v3, make_glm4, make_glm4_moe, make_llama3
+from tests.megatron.tiny_families import make_deepseek_v3, make_glm4, make_glm4_moe, make_llama3, make_mimo
 from tools import convert_hf_to_torch_dist, convert_torch_dist_to_hf
 
 WORKER = Path(__file__).with_name("convert_worker.py")
@@ -37,6 +37,8 @@ def test_round_trips_across_layouts_are_bit_exact(tiny_qwen3, tiny_qwen2_untied,
         # Its multi-token-prediction layer is copied from the original; GLM-4's fc1 is one HF tensor.
         "glm4_moe": (make_glm4_moe(tmp_path / "glm4_moe", tiny_qwen3), MOE),
         "glm4": (make_glm4(tmp_path / "glm4", tiny_qwen3), ()),
+        # Its MTP layer (model.mtp_layers.0) is copied from the original too; custom config code travels along.
+        "mimo": (make_mimo(tmp_path / "mimo", tiny_qwen3), ()),
     }
     steps = []
     for name, (hf, moe) in families.items():
@@ -56,6 +58,10 @@ def test_round_trips_across_layouts_are_bit_exact(tiny_qwen3, tiny_qwen2_untied,
         # Config, tokenizer and chat template come from the original directory.
         for extra in ("config.json", "tokenizer.json", "chat_template.jinja"):
             assert (tmp_path / name / "a" / extra).read_bytes() == (hf / extra).read_bytes(), (name, extra)
+    # MiMo's configuration code travels with its config.json: the converted checkpoint loads as the original does.
+    assert (tmp_path / "mimo" / "a" / "configuration_mimo.py").read_bytes() == (
+        families["mimo"][0] / "configuration_mimo.py"
+    ).read_bytes()
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The family registry: Llama 3, Qwen3-MoE, DeepSeek-V3 (MLA + MoE), GLM-4.5 (partial rope, sigmoid MoE, an MTP
-layer), GLM-4.7-Flash (MLA + MoE, an MTP layer), Kimi-K2 (custom config code, YaRN) and GLM-4 (sandwich norms,
-interleaved partial rope) built on CPU match transformers and export back bit-exactly; name templates and tensor layouts in isolation."""
+layer), GLM-4.7-Flash (MLA + MoE, an MTP layer), Kimi-K2 (custom config code, YaRN), GLM-4 (sandwich norms,
+interleaved partial rope) and MiMo (custom config code, MTP layers of its own names) built on CPU match transformers and export back bit-exactly; name templates and tensor layouts in isolation."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.megatron.tiny_families import (
     make_glm4_moe_lite,
     make_kimi_k2,
     make_llama3,
+    make_mimo,
 )
 
 MODELS = [
@@ -28,6 +29,7 @@ MODELS = [
     "tiny_glm4_moe_lite",
     "tiny_kimi_k2",
     "tiny_glm4",
+    "tiny_mimo",
 ]
 
 
@@ -61,11 +63,21 @@ def tiny_glm4(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return make_glm4(tmp_path_factory.mktemp("tiny-glm4"), tiny_qwen3)
 
 
+@pytest.fixture(scope="module")
+def tiny_mimo(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_mimo(tmp_path_factory.mktemp("tiny-mimo"), tiny_qwen3)
+
+
 def transformers_model(hf_dir: Path):
     """The transformers model of a checkpoint, fp32, in eval mode."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(hf_dir, trust_remote_code=True)
+    if config.model_type == "mimo":
+        # MiMo's modeling code is Qwen2's plus MTP layers that the causal-LM logits do not use: transformers' Qwen2
+        # is the reference (it leaves the model.mtp_layers tensors unread).
+        config = transformers.Qwen2Config.from_pretrained(hf_dir)
+        return transformers.Qwen2ForCausalLM.from_pretrained(hf_dir, config=config, dtype=torch.float32).eval()
     if config.model_type != "kimi_k2":
         return transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     # Kimi-K2's modeling code is transformers' DeepSeek-V3, whose loader fuses the per-expert tensors of a
@@ -117,7 +129,8 @@ def test_export_is_bit_exact(fixture: str, request: pytest.FixtureRequest, megat
     exported = dict(export_hf_weights(bridge, model))
     # Megatron builds no multi-token-prediction layer: its tensors come from the checkpoint, unchanged.
     untrained = dict(untrained_hf_weights(bridge))
-    mtp = f"model.layers.{bridge.hf_config.num_hidden_layers}."
+    # GLM-4.5 and DeepSeek-V3 store it as the layer after the last main one, MiMo under model.mtp_layers.
+    mtp = (f"model.layers.{bridge.hf_config.num_hidden_layers}.", "model.mtp_layers.0.")
     assert all(name.startswith(mtp) for name in untrained)
     assert bool(untrained) == bool(getattr(bridge.hf_config, "num_nextn_predict_layers", 0))
     expected = safetensors_of(hf_dir)
@@ -195,3 +208,25 @@ def test_routing_megatron_would_run_differently_is_refused_by_field(fields: dict
     assert sigmoid_moe_args(transformers.Glm4MoeConfig(**base))["moe_layer_freq"] == [0, 1, 1]
     with pytest.raises(ValueError, match=message):
         sigmoid_moe_args(transformers.Glm4MoeConfig(**base, **fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"use_sliding_window": True, "sliding_window": 8}, "use_sliding_window=true in the HF config"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_type 'linear' in the HF config"),
+    ],
+)
+def test_mimo_configs_megatron_would_run_differently_are_refused(
+    fields: dict, message: str, tiny_mimo: Path, tmp_path: Path, megatron_world
+) -> None:
+    import json
+
+    from slime_like.megatron.model import make_bridge
+
+    for name in ("config.json", "configuration_mimo.py"):  # the model is refused before any weight is read
+        (tmp_path / name).write_bytes((tiny_mimo / name).read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **fields}))
+    with pytest.raises(ValueError, match=message):
+        make_bridge(tmp_path, torch.float32)

@@ -200,3 +200,63 @@ def make_glm4(out: Path, tokenizer_from: Path) -> Path:
             if name.endswith("layernorm.weight"):
                 param.copy_(1 + 0.5 * torch.randn(param.shape, generator=torch.Generator().manual_seed(3)))
     return _save(model, out, tokenizer_from)
+
+
+# MiMo ships its config class as code next to config.json (auto_map); this is a small one of our own.
+_MIMO_CONFIGURATION = '''"""MiMo's configuration: Qwen2's, under the model_type "mimo"."""
+
+from transformers import Qwen2Config as _Qwen2Config
+
+
+class MiMoConfig(_Qwen2Config):
+    model_type = "mimo"
+'''
+
+
+def make_mimo(out: Path, tokenizer_from: Path) -> Path:
+    """MiMo-7B-style: Qwen2's layers (GQA with qkv bias, untied embeddings, rope_theta 640000) and one
+    multi-token-prediction layer stored as MiMo stores it, under model.mtp_layers.0 (a Qwen2 decoder layer plus
+    token_layernorm, hidden_layernorm, input_proj and final_layernorm); config.json as MiMo ships it: model_type
+    "mimo", transformers 4 rope fields, and an auto_map to configuration_mimo.MiMoConfig (trust_remote_code)."""
+    import json
+
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.Qwen2Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 640000.0}, eos_token_id=2, pad_token_id=3,
+        bos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).to(torch.float32)
+    with torch.no_grad():  # biases and norms away from their init (0 and 1), so that a misplaced one shows
+        g = torch.Generator().manual_seed(3)
+        for name, param in model.named_parameters():
+            if name.endswith(("bias", "layernorm.weight", "norm.weight")):
+                param.add_(0.3 * torch.randn(param.shape, generator=g))
+    _save(model, out, tokenizer_from)
+    # The third decoder layer becomes the MTP layer's block: 2 main layers (PP2 splits them).
+    hidden, g = config.hidden_size, torch.Generator().manual_seed(2)
+    stored = load_file(out / "model.safetensors")
+    tensors = {name.replace("model.layers.2.", "model.mtp_layers.0."): t for name, t in stored.items()}
+    for norm in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
+        tensors[f"model.mtp_layers.0.{norm}.weight"] = 1 + 0.1 * torch.randn(hidden, generator=g)
+    tensors["model.mtp_layers.0.input_proj.weight"] = 0.02 * torch.randn(hidden, 2 * hidden, generator=g)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    saved = json.loads((out / "config.json").read_text())
+    rope = saved.pop("rope_parameters")
+    del saved["layer_types"]  # transformers 5's field (one per saved layer), absent from MiMo's config
+    saved.update(
+        model_type="mimo",
+        architectures=["MiMoForCausalLM"],
+        auto_map={"AutoConfig": "configuration_mimo.MiMoConfig"},
+        num_hidden_layers=2,
+        num_nextn_predict_layers=1,
+        rope_theta=rope["rope_theta"],
+        rope_scaling=None,
+    )
+    (out / "config.json").write_text(json.dumps(saved, indent=2))
+    (out / "configuration_mimo.py").write_text(_MIMO_CONFIGURATION)
+    return out

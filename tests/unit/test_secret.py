@@ -134,3 +134,14 @@ def test_slime_http_utils_send_the_secret_to_our_router_only(monkeypatch: pytest
         ("http://127.0.0.1:4000/model_info", bearer),
         ("http://rm.example.com:8000/score", {"X": "1"}),
     ]
+
+
+def test_a_checkpoint_with_its_own_config_code_is_trusted(tmp_path: Any) -> None:
+    """Kimi-K2's and MiMo's config.json name their code (auto_map): SGLang loads it only with --trust-remote-code,
+    as the trainer reads it; other checkpoints start without it."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mimo", "auto_map": {"AutoConfig": "c.C"}}))
+    assert "--trust-remote-code" in SGLangServer(tmp_path, port=30000, device="cpu").command()[0]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert "--trust-remote-code" not in SGLangServer(tmp_path, port=30000, device="cpu").command()[0]

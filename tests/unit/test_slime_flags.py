@@ -625,8 +625,8 @@ SLIME_MODEL_FILES: dict[str, list[str]] = {
 
 # Families the registry gains in this round (slime_like/megatron/families.py): each start passes once its family is
 # registered and ends with the family error until then. The others are not planned: their start must end with it.
-PENDING_FAMILIES = {"glm4_moe_lite", "glm4_moe", "kimi_k2", "glm4"}
-UNSUPPORTED_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "glm_moe_dsa", "minimax_m2", "mimo"}
+PENDING_FAMILIES = {"glm4_moe_lite", "glm4_moe", "kimi_k2", "glm4", "mimo"}
+UNSUPPORTED_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "glm_moe_dsa", "minimax_m2"}
 _DENSE_LAYOUT = ["--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2"]
 _MOE_LAYOUT = ["--actor-num-nodes", "4", "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
                "--expert-model-parallel-size", "32", "--expert-tensor-parallel-size", "1", "--optimizer-cpu-offload"]  # fmt: skip
