@@ -1,0 +1,101 @@
+"""Train an agent written against the OpenAI API, unchanged: it talks to our OpenAI-compatible endpoint.
+
+    --custom-generate-function-path plugins.openai_agent.generate
+
+runs `example_agent` (two turns with the real `openai` SDK). For your own agent write
+
+    async def my_agent(base_url: str, api_key: str, sample: Sample) -> None:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
+        ...  # any number of chat.completions.create calls; keep what the reward needs in sample.metadata
+
+    async def generate(ctx, sample, sampling_params):
+        return await run_openai_agent(ctx, sample, sampling_params, my_agent)
+
+Each sample gets its own session of the rollout's endpoint (rollout.openai_endpoint); the sample's tokens, loss mask
+and log-probs are the ids the engines received and sampled in that session. The agent must not set them; the reward
+function (`--custom-rm-path`, `--rm-type`) scores the sample afterwards, reading `sample.response` or what the agent
+put in `sample.metadata`. An agent that raises or runs past its timeout (`AGENT_TIMEOUT_S`, or `timeout=`) marks the
+sample `FAILED` with the reason in `metadata["agent_error"]`, counted as `rollout/openai_agent_failed` or
+`rollout/openai_agent_timeout` (and `rollout/generate_failed`); the group stays whole. Agents must be `async` and
+must not block the event loop (a blocked loop cannot be timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+
+from rollout.context import RolloutContext
+from rollout.openai_endpoint import endpoint_for
+from slime_like.core.sample import Sample, Status
+
+Agent = Callable[[str, str, Sample], Awaitable[None]]
+
+AGENT_TIMEOUT_S = 300.0
+
+
+async def run_openai_agent(
+    ctx: RolloutContext,
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    agent: Agent,
+    *,
+    timeout: float = AGENT_TIMEOUT_S,
+) -> Sample:
+    """Run `agent(base_url, api_key, sample)` against a fresh session and make the sample its trajectory."""
+    if sample.response_length:
+        # Handed back by an aborted rollout: the agent's own state is gone, so it runs again from the prompt.
+        sample.tokens, sample.response, sample.response_length = [], "", 0
+        sample.loss_mask, sample.rollout_log_probs, sample.version_spans = None, None, []
+        ctx.count("openai_agent_restarted")
+    async with endpoint_for(ctx) as endpoint:
+        session = endpoint.open_session(sample, sampling_params)
+        error: str | None = None
+        try:
+            await asyncio.wait_for(agent(endpoint.base_url(session), endpoint.api_key, sample), timeout)
+        except TimeoutError:
+            error = f"agent timed out after {timeout:g}s"
+            ctx.count("openai_agent_timeout")
+        except Exception as exc:  # the agent's failure is this sample's, never the rollout's
+            error = f"agent raised {type(exc).__name__}: {exc}"
+            if not (session.truncated or session.aborted):
+                ctx.count("openai_agent_failed")
+        finally:
+            await endpoint.close_session(session.id)
+    session.write_sample(sample)
+    if session.aborted:
+        sample.status = Status.ABORTED  # comes back from the buffer and runs again
+    elif error is not None and not session.truncated:
+        sample.status = Status.FAILED
+        sample.metadata["agent_error"] = sample.metadata["generate_error"] = error
+    elif not session.turns:
+        sample.status = Status.FAILED
+        sample.metadata["agent_error"] = sample.metadata["generate_error"] = "the agent made no model call"
+        ctx.count("openai_agent_failed")
+    else:
+        # An agent that hit the budget may give up with an error of the endpoint's: the sample is truncated.
+        sample.status = Status.TRUNCATED if session.truncated else Status.COMPLETED
+    return sample
+
+
+async def example_agent(base_url: str, api_key: str, sample: Sample) -> None:
+    """Answer, then revise the answer when asked to check it: two turns with the OpenAI SDK."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    prompt = sample.prompt
+    messages: list[Any] = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    async with client:
+        for follow_up in ("Check your answer and give the final one.", None):
+            reply = await client.chat.completions.create(model="policy", messages=messages)
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+            if follow_up is None or reply.choices[0].finish_reason == "length":
+                break
+            messages.append({"role": "user", "content": follow_up})
+    sample.metadata["agent_answer"] = messages[-1]["content"]
+
+
+async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """--custom-generate-function-path entry point: `example_agent` on each sample."""
+    return await run_openai_agent(ctx, sample, sampling_params, example_agent)
