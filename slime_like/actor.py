@@ -60,6 +60,7 @@ class TrainActor:
         from slime_like.megatron.parallel import init_parallel
 
         self.args = args
+        self.master_addr = master_addr  # kept: the environment may change after start (a caller restoring its own)
         self.rank = rank
         init_parallel(
             args.tensor_model_parallel_size,
@@ -406,7 +407,7 @@ class TrainActor:
         factories = {
             # Rank 0's node address (MASTER_ADDR): engines on other nodes join the weight group there.
             "distributed": lambda: DistributedTransport(
-                server_urls, size, tp_per_server=tp, master_address=os.environ["MASTER_ADDR"], timeout_s=timeout
+                server_urls, size, tp_per_server=tp, master_address=self.master_addr, timeout_s=timeout
             ),
             "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
             "disk": lambda: DiskTransport(
