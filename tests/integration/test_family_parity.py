@@ -1,6 +1,7 @@
 """Families beyond Qwen/Llama served by a real SGLang CPU server: its fp32 log-probs equal Megatron's for the same
-checkpoint, and after one training step and an in-place weight update (tensor transport) they equal Megatron's new
-ones, so the export's names and layouts are the ones SGLang's loader expects.
+checkpoint, and after a training step and an in-place weight update (tensor, then distributed transport) they equal
+Megatron's new ones and pass the run's weight check, so the export's names and layouts are the ones SGLang's loader
+expects.
 
 One server per family, all started at the beginning, each loading while the trainer builds its model. Families SGLang's CPU engine cannot serve are
 listed in docs/models.md with the reason.
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollout.sglang_server import SGLangServer
-from slime_like.weights.check import served_logprobs
+from slime_like.weights.check import check_servers, served_logprobs
 from tests.integration.test_weight_update import SEQUENCE, make_transport, train_one_step, trainable_engine
 from tests.megatron.tiny_families import make_glm4, make_glm4_moe, make_mimo
 
@@ -53,12 +54,16 @@ def test_served_logprobs_match_megatron_before_and_after_an_update(family, serve
     server.wait_ready()
     before = served_logprobs(server.url, SEQUENCE)
     assert (before - engine.forward_logprobs([SEQUENCE])[0]).abs().mean() <= TOLERANCE
-    train_one_step(engine)
-    transport = make_transport("tensor", [server.url], hf_dir, tmp_path / "weights", bucket_bytes=32 * 1024)
-    try:
-        transport.update(engine.export_hf_weights(), 1)
-    finally:
-        transport.close()
-    after = served_logprobs(server.url, SEQUENCE)
-    assert (after - before).abs().max() > 1e-2  # the weights really changed
-    assert (after - engine.forward_logprobs([SEQUENCE])[0]).abs().mean() <= TOLERANCE
+    # One update on each in-place transport, each after a training step, each checked as --check-weight-update does.
+    for version, kind in enumerate(("tensor", "distributed"), start=1):
+        train_one_step(engine)
+        transport = make_transport(kind, [server.url], hf_dir, tmp_path / "weights", bucket_bytes=32 * 1024)
+        try:
+            transport.update(engine.export_hf_weights(), version)
+        finally:
+            transport.close()
+        after = served_logprobs(server.url, SEQUENCE)
+        assert (after - before).abs().max() > 1e-2, kind  # the weights really changed
+        assert (after - engine.forward_logprobs([SEQUENCE])[0]).abs().mean() <= TOLERANCE, kind
+        assert check_servers(engine, [server.url], 1e-4, rank=0, when=f"after the {kind} update") <= 1e-4
+        before = after
