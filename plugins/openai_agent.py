@@ -89,11 +89,13 @@ async def example_agent(base_url: str, api_key: str, sample: Sample) -> None:
     async with client:
         for follow_up in ("Check your answer and give the final one.", None):
             reply = await client.chat.completions.create(model="policy", messages=messages)
-            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+            answer = reply.choices[0].message.content or ""
+            messages.append({"role": "assistant", "content": answer})
+            # Kept at once: the next turn may find the response budget spent (a 400 that ends the sample TRUNCATED).
+            sample.metadata["agent_answer"] = answer
             if follow_up is None or reply.choices[0].finish_reason == "length":
                 break
             messages.append({"role": "user", "content": follow_up})
-    sample.metadata["agent_answer"] = messages[-1]["content"]
 
 
 async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

@@ -54,7 +54,9 @@ def test_the_student_trains_on_the_teacher_s_log_probs(teacher: SGLangServer, ti
         assert sample["reward"] == 0.0  # slime's pure distillation: the signal is the KL term alone
     # Pure distillation: the rewards are 0, so every token's advantage is minus its reverse KL to the teacher, and on
     # the first step (ratio 1) the policy loss is the mean reverse KL itself, and the advantage mean its negative.
+    # (The per-token estimate log pi_s - log pi_t of sampled tokens averages to the KL only in expectation: one
+    # batch's mean can be negative, measured -0.032 once.)
     first = records[0]
-    assert first["train/opd_reverse_kl"] > 0
+    assert first["train/opd_reverse_kl"] != 0
     assert first["train/pg_loss"] == pytest.approx(first["train/opd_reverse_kl"], rel=1e-5)
     assert first["train/advantage_mean"] == pytest.approx(-first["train/opd_reverse_kl"], rel=1e-5)
