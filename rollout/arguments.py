@@ -129,6 +129,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the custom generate function takes a whole group: async (ctx, group, sampling_params) -> group",
     )
+    p.add_argument(
+        "--rollout-sample-hook-path",
+        action="append",
+        default=[],
+        help="repeatable; (args, sample, *, rollout_id=None, evaluation=False) -> Sample | None, plain or async, "
+        "applied in order to each generated sample before it is scored",
+    )
     p.add_argument("--dynamic-sampling-filter-path", default=None, help="(args, group) -> bool | FilterResult")
     p.add_argument("--buffer-filter-path", default=None, help="(args, returned_groups, num_groups) -> groups")
     p.add_argument("--rollout-sample-filter-path", default=None, help="(args, group) -> list[bool] (False: no loss)")

@@ -30,6 +30,7 @@ class RolloutContext:
     aborting: bool = False
     inflight: set[str] = field(default_factory=set)  # rids of requests sent and not yet answered
     evaluation: bool = False  # an eval, not a training rollout
+    rollout_id: int | None = None  # the rollout (or the rollout an eval follows), when a manager runs it
     loop: asyncio.AbstractEventLoop | None = None  # the loop the session belongs to (for code run in threads)
     plugin_state: dict[str, Any] = field(default_factory=dict)  # what plugins keep for this rollout
     # The built-in rollout loop's buffer.accounting.GroupLedger (None in a --rollout-function-path rollout).

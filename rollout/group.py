@@ -8,6 +8,7 @@ from typing import Any
 from rollout.context import RolloutContext
 from rollout.generate import FINISHED
 from rollout.hooks import GENERATE_FLAG
+from rollout.sample_hooks import apply_sample_hooks
 from slime_like.core.sample import Sample, Status
 
 
@@ -29,6 +30,13 @@ async def _generate_group(ctx: RolloutContext, group: list[Sample], params: dict
     group[:] = out
 
 
+async def _hooked(ctx: RolloutContext, sample: Sample) -> Sample:
+    if sample.status == Status.ABORTED:
+        return sample  # generated again later: hooked then
+    hooks = ctx.hooks.sample_hooks
+    return await apply_sample_hooks(hooks, ctx.args, sample, rollout_id=ctx.rollout_id, evaluation=ctx.evaluation)
+
+
 async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, Any]) -> bool:
     """Generate and score a group in place; False if it was aborted before every sample finished (not scored).
 
@@ -36,6 +44,7 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
     in the group) and may set rewards, which are kept (except that --group-rm scores the whole group).
     """
     failed_before = {id(s) for s in group if s.status == Status.FAILED}
+    finished_before = {id(s) for s in group if s.status in FINISHED}
     slime = ctx.hooks.follows_slime(GENERATE_FLAG)
     if ctx.hooks.group_generate:
         # A group-level function sees the whole group, finished samples included, and continues what it must.
@@ -51,6 +60,8 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
             sample.status = Status.COMPLETED  # a custom function that set no status finished normally
         if sample.status == Status.FAILED and id(sample) not in failed_before and "generate_error" in sample.metadata:
             ctx.count("generate_failed")
+    if ctx.hooks.sample_hooks:  # on what this call generated, before it is scored (as slime's generate_and_rm)
+        group[:] = [s if id(s) in finished_before else await _hooked(ctx, s) for s in group]
     if any(s.status == Status.ABORTED for s in group):
         return False
     keep_set = slime and not ctx.args.group_rm

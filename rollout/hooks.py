@@ -14,6 +14,7 @@ from rollout import slime_contract
 from rollout.filters import fifo_buffer_filter
 from rollout.generate import generate
 from rollout.rewards import RewardFunction, get_reward_function
+from rollout.sample_hooks import SampleHook, load_sample_hooks
 from slime_like.core.errors import PluginError
 from slime_like.core.plugin_loader import Signature, load_hook
 from slime_like.core.sample import Sample
@@ -55,6 +56,7 @@ class RolloutHooks:
     rollout_function: Callable[..., Awaitable[list[list[Sample]]]] | None = None
     eval_function: Callable[..., Awaitable[dict[str, Any]]] | None = None
     data_source_factory: Callable[[Any, Any], Any] | None = None
+    sample_hooks: list[SampleHook] = field(default_factory=list)  # --rollout-sample-hook-path, in order
     contracts: dict[str, str] = field(default_factory=dict)  # flag -> "native" | "slime", for the flags set
 
     def follows_slime(self, flag: str) -> bool:
@@ -93,5 +95,6 @@ def load_hooks(args: Any) -> RolloutHooks:
         rollout_function=loaded.get("--rollout-function-path"),
         eval_function=loaded.get("--eval-function-path"),
         data_source_factory=loaded.get("--data-source-path"),
+        sample_hooks=load_sample_hooks(getattr(args, "rollout_sample_hook_path", None)),
         contracts=contracts,
     )

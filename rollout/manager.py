@@ -392,7 +392,7 @@ class RolloutManager:
         client.on_all(self.server_urls(), client.set_weight_version, version)
 
     @asynccontextmanager
-    async def _context(self, evaluation: bool = False) -> AsyncIterator[RolloutContext]:
+    async def _context(self, evaluation: bool = False, rollout_id: int | None = None) -> AsyncIterator[RolloutContext]:
         """A RolloutContext with a fresh HTTP session for one rollout or eval, current while it runs."""
         concurrency = self.args.sglang_server_concurrency * max(1, len(self._server_urls))
         timeout = aiohttp.ClientTimeout(total=self.args.rollout_request_timeout)
@@ -407,6 +407,7 @@ class RolloutManager:
                 server_urls=self.server_urls(),
                 hooks=self.hooks,
                 evaluation=evaluation,
+                rollout_id=rollout_id,
                 loop=asyncio.get_running_loop(),
                 request_failed=self._request_failed,
             )
@@ -570,7 +571,7 @@ class RolloutManager:
 
 async def _rollout(manager: RolloutManager, rollout_id: int) -> tuple[list[list[Sample]], dict[str, int]]:
     """One rollout on the manager's loop: generate, score, filter; its groups and counters."""
-    async with manager._context() as ctx:
+    async with manager._context(rollout_id=rollout_id) as ctx:
         if manager.hooks.rollout_function is not None:
             # A custom rollout drops groups itself: its draws and returns are counted, not balanced.
             ledger = manager.buffer.open_ledger()
@@ -593,7 +594,7 @@ async def _rollout(manager: RolloutManager, rollout_id: int) -> tuple[list[list[
 
 async def _evaluate(manager: RolloutManager, rollout_id: int) -> tuple[dict[str, Any], list[list[Sample]]]:
     """One evaluation on the manager's loop: its metrics and groups."""
-    async with manager._context(evaluation=True) as ctx:
+    async with manager._context(evaluation=True, rollout_id=rollout_id) as ctx:
         if manager.hooks.eval_function is not None:
             metrics = await manager.hooks.eval_function(ctx, rollout_id, manager.eval_datasets)
             if not isinstance(metrics, dict):

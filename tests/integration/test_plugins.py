@@ -27,11 +27,12 @@ from slime_like.core.sample import Status
 
 PLUGIN = """
 import asyncio
+import dataclasses
 
 from plugins.group_generate import generate_group
 from rollout.generate import generate as default_generate
 
-CALLS = {"gen": [], "group_gen": [], "group_rm": [], "buffer": []}
+CALLS = {"gen": [], "group_gen": [], "group_rm": [], "buffer": [], "hook": []}
 
 
 async def gen(ctx, sample, params):
@@ -73,6 +74,19 @@ def plus_ten(args, group):
 def newest_first(args, groups, num_groups):
     CALLS["buffer"].append([g[0].group_index for g in groups])
     return list(reversed(groups))[:num_groups]
+
+
+def first_hook(args, sample, rollout_id=None):
+    CALLS["hook"].append((sample.index, rollout_id, sample.reward))
+    sample.metadata["hooked_in"] = rollout_id
+
+
+async def second_hook(args, sample, **kwargs):
+    return dataclasses.replace(sample, metadata={**sample.metadata, "evaluation": kwargs["evaluation"]})
+
+
+def bad_hook(args, sample):
+    return 3
 
 
 class NoMethods:
@@ -165,6 +179,25 @@ def test_rollout_function_sample_filter_and_reward_post_process(make: Any) -> No
     assert all(sum(s.loss_mask) == (s.response_length if s.index % 2 == 0 else 0) for s in samples)
     assert [s.reward for s in samples] == [s.metadata["raw_reward"] + 10.0 for s in samples]
     assert metrics["rollout/reward_mean"] == 0.25 and metrics["rollout/reward_processed_mean"] == 10.25
+
+
+def test_sample_hooks_run_in_order_before_scoring(make: Any, task: Path) -> None:
+    hooks = ["--rollout-sample-hook-path", "hooks_under_test.first_hook"]
+    hooks += ["--rollout-sample-hook-path", "hooks_under_test.second_hook"]
+    evals = ["--eval-prompt-data", "a", str(task / "eval_a.jsonl"), "--eval-max-response-len", "2"]
+    m = make(*hooks, *evals, "--custom-rm-path", "hooks_under_test.index_rm")
+    groups, _ = m.generate(5)
+    assert sorted(i for i, _, _ in calls()["hook"]) == list(range(8))
+    assert {(rollout_id, reward) for _, rollout_id, reward in calls()["hook"]} == {(5, None)}  # not scored yet
+    samples = [s for g in groups for s in g]  # the second hook's replacements, scored
+    assert all(s.metadata["hooked_in"] == 5 and s.metadata["evaluation"] is False for s in samples)
+    assert [s.reward for s in samples] == [1.0 if s.index % 4 == 0 else 0.0 for s in samples]
+    calls()["hook"].clear()
+    m.evaluate(5)
+    assert len(calls()["hook"]) == 3  # one greedy sample per eval prompt
+    bad = make("--rollout-sample-hook-path", "hooks_under_test.bad_hook")
+    with pytest.raises(Exception, match="--rollout-sample-hook-path='hooks_under_test.bad_hook' returned int"):
+        bad.generate(0)
 
 
 def test_buffer_filter_chooses_returned_groups(make: Any) -> None:
