@@ -20,6 +20,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="row key of the label given to the reward function (default: none, the label is None, as slime)",
     )
     g.add_argument("--metadata-key", default="metadata", help="row key of per-row metadata (optional in rows)")
+    g.add_argument(
+        "--tool-key",
+        default=None,
+        help="row key of the tools (a list, or JSON of one): in sample.metadata['tools'] and the chat template's",
+    )
     g.add_argument("--apply-chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--rollout-shuffle", action="store_true", help="shuffle prompts, a new order each epoch")
     g.add_argument("--rollout-seed", type=int, default=42)

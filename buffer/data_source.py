@@ -53,6 +53,7 @@ class PromptDataset:
         input_key: str = "prompt",
         label_key: str | None = "label",
         metadata_key: str | None = "metadata",
+        tool_key: str | None = None,
         tokenizer: Any = None,
         apply_chat_template: bool = False,
         max_prompt_len: int | None = None,
@@ -63,7 +64,7 @@ class PromptDataset:
         self.prompts: list[Prompt] = []
         for line_no, raw in _read_rows(self.path):
             try:
-                prompt = self._parse(raw, line_no, input_key, label_key, metadata_key)
+                prompt = self._parse(raw, line_no, input_key, label_key, metadata_key, tool_key)
             except DataError as exc:
                 if not skip_bad_rows:
                     raise DataError(f"{exc} (pass --skip-bad-rows to skip such rows and count them)") from None
@@ -76,7 +77,10 @@ class PromptDataset:
                 messages = prompt.prompt
                 if isinstance(messages, str):
                     messages = [{"role": "user", "content": messages}]
-                prompt.prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                tools = prompt.metadata.get("tools") if tool_key else None
+                prompt.prompt = tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True
+                )
             if tokenizer is not None and isinstance(prompt.prompt, str):
                 prompt.prompt_tokens = len(tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
                 if max_prompt_len is not None and prompt.prompt_tokens > max_prompt_len:
@@ -89,7 +93,13 @@ class PromptDataset:
             raise DataError(f"{self.path}: no usable rows (skipped: {dict(self.skipped)})")
 
     def _parse(
-        self, raw: str | dict, line_no: int, input_key: str, label_key: str | None, metadata_key: str | None
+        self,
+        raw: str | dict,
+        line_no: int,
+        input_key: str,
+        label_key: str | None,
+        metadata_key: str | None,
+        tool_key: str | None = None,
     ) -> Prompt:
         where = f"{self.path}:{line_no}"
         if isinstance(raw, str):
@@ -106,7 +116,17 @@ class PromptDataset:
         metadata = raw.get(metadata_key) if metadata_key else None
         if isinstance(metadata, str):
             metadata = json.loads(metadata)
-        return Prompt(raw[input_key], raw.get(label_key) if label_key else None, dict(metadata or {}))
+        metadata = dict(metadata or {})
+        if tool_key and raw.get(tool_key) is not None:  # slime: tools go to metadata["tools"] as a list
+            tools = raw[tool_key]
+            try:
+                tools = json.loads(tools) if isinstance(tools, str) else list(tools)
+            except (json.JSONDecodeError, TypeError):
+                tools = None
+            if not isinstance(tools, list):
+                raise DataError(f"{where}: {tool_key!r} (--tool-key) must be a list of tools or JSON of one")
+            metadata["tools"] = tools
+        return Prompt(raw[input_key], raw.get(label_key) if label_key else None, metadata)
 
     def __len__(self) -> int:
         return len(self.prompts)

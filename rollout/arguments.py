@@ -137,6 +137,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "applied in order to each generated sample before it is scored",
     )
     p.add_argument("--dynamic-sampling-filter-path", default=None, help="(args, group) -> bool | FilterResult")
+    p.add_argument(
+        "--loss-mask-type",
+        default="qwen",
+        choices=["qwen", "qwen3", "qwen3_5", "distill_qwen"],
+        help="how slime.rollout.sft_rollout masks chat turns (slime.utils.mask_utils); 1 on the assistant's",
+    )
     p.add_argument("--buffer-filter-path", default=None, help="(args, returned_groups, num_groups) -> groups")
     p.add_argument("--rollout-sample-filter-path", default=None, help="(args, group) -> list[bool] (False: no loss)")
     p.add_argument(

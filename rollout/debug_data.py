@@ -74,10 +74,15 @@ def validate_debug_args(args: Any) -> None:
         raise ArgumentError(f"--load-debug-rollout-data-subsample {ratio}: give a fraction in (0, 1]")
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other: give one")
-    if args.debug_train_only and args.load_debug_rollout_data is None:
+    if (
+        args.debug_train_only
+        and args.load_debug_rollout_data is None
+        and not getattr(args, "rollout_function_path", None)
+    ):
         raise ArgumentError(
             "--debug-train-only starts no SGLang server, so rollouts must come from files: add "
-            "--load-debug-rollout-data PATH (saved earlier with --save-debug-rollout-data PATH)"
+            "--load-debug-rollout-data PATH (saved earlier with --save-debug-rollout-data PATH), or a "
+            "--rollout-function-path that needs no server (slime's SFT: slime.rollout.sft_rollout.generate_rollout)"
         )
     if args.save_debug_train_data and args.save_debug_train_data == args.save_debug_rollout_data:
         raise ArgumentError("--save-debug-train-data must differ from --save-debug-rollout-data (one would overwrite)")

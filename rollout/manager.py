@@ -52,6 +52,7 @@ def load_dataset(args: Any, path: str, tokenizer: Any, evaluation: bool = False)
         input_key=input_key,
         label_key=label_key,
         metadata_key=args.metadata_key,
+        tool_key=None if evaluation else getattr(args, "tool_key", None),
         tokenizer=tokenizer,
         apply_chat_template=args.apply_chat_template,
         max_prompt_len=args.rollout_max_prompt_len,

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
 
     with Run(args) as run:
         on_policy = args.fully_async and args.max_weight_staleness == 0
-        if not (on_policy or args.use_tis or args.use_mis or args.use_decoupled_loss):
+        no_policy = args.loss_type == "sft_loss" or not run.has_both_sides  # SFT, or no weights move
+        if not (on_policy or no_policy or args.use_tis or args.use_mis or args.use_decoupled_loss):
             logger.warning(
                 "train_async without an off-policy correction: samples from older weights train uncorrected, "
                 "which stopped the learning in our long-tail benchmark (docs/fully-async.md); add --use-tis, "

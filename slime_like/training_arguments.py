@@ -83,6 +83,12 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--normalize-advantages", action="store_true", help="whiten advantages over the rollout's tokens")
     g.add_argument("--loss-type", default="policy_loss", choices=LOSS_TYPES)
     g.add_argument(
+        "--disable-compute-advantages-and-returns",
+        action="store_true",
+        help="slime's SFT flag: no old-policy log-probs, advantages or returns before the step; only with "
+        "--loss-type sft_loss, which computes none of them anyway",
+    )
+    g.add_argument(
         "--loss-agg-mode",
         default=None,
         choices=AGG_MODES,
@@ -363,6 +369,11 @@ def validate_algorithm_args(args: argparse.Namespace) -> None:
         ]
         if rl_only:
             _error(f"--loss-type sft_loss trains on the data's tokens; {', '.join(rl_only)} would be ignored")
+    elif args.disable_compute_advantages_and_returns:
+        _error(
+            f"--disable-compute-advantages-and-returns: --loss-type {args.loss_type} needs the advantages (and the "
+            "old policy's log-probs); the flag is for SFT, with --loss-type sft_loss"
+        )
     _check_hooks(args)
 
 

@@ -93,6 +93,7 @@ def test_flag_rules_as_slime() -> None:
     assert a.debug_train_only  # slime: loading rollouts means no servers
     with pytest.raises(ArgumentError, match="add --load-debug-rollout-data PATH"):
         validate_debug_args(args(debug_train_only=True))
+    validate_debug_args(args(debug_train_only=True, rollout_function_path="slime.rollout.sft_rollout.generate_rollout"))
     with pytest.raises(ArgumentError, match="exclude each other"):
         validate_debug_args(args(debug_train_only=True, debug_rollout_only=True, load_debug_rollout_data="x"))
     with pytest.raises(ArgumentError, match="must differ"):
