@@ -22,13 +22,17 @@ Model tokens get loss mask 1 and SGLang's log-probs; everything else loss mask 0
 `--rollout-max-response-len` bounds each sample's whole response (model and inserted tokens), as for
 `plugins.tool_agent`.
 
-Not yet: streaming, `n > 1`, `tools`/`tool_calls` (the tiny test model's chat template has no tools),
-`/v1/completions`, histories that branch (an agent that edits or forks its conversation).
+`/v1/completions` continues text the same way (each prompt must extend the previous prompt and completion).
+`tools` are rendered by the chat template and the model's output is parsed into `tool_calls` by SGLang's parser
+named by `--sglang-tool-call-parser` (the servers' own flag); the sampled ids stay what trains. `stream: true`
+answers in server-sent events once the turn is generated (one content chunk, then the finish reason).
+Not yet: `n > 1`, token-by-token streaming, histories that branch (an agent that edits or forks its conversation).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import socket
@@ -61,9 +65,10 @@ class EndpointError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-    """The chat template's text for `messages` (with the assistant's generation prompt or not)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any = None) -> str:
+    """The chat template's text for `messages` (with the assistant's generation prompt or not, and the tools)."""
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **extra)
 
 
 def turn_end_text(tokenizer: Any) -> str:
@@ -171,6 +176,7 @@ class OpenAIEndpoint:
         """Serve on 127.0.0.1 on a free port."""
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/s/{sid}/v1/chat/completions", self._chat)
+        app.router.add_post("/s/{sid}/v1/completions", self._completions)
         app.router.add_get("/s/{sid}/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -219,18 +225,30 @@ class OpenAIEndpoint:
             return _error(exc)
         return web.json_response({"object": "list", "data": [{"id": self._model_name(), "object": "model"}]})
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions."""
+        return await self._serve(request, self._complete_chat)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions."""
+        return await self._serve(request, self._complete_text)
+
+    async def _serve(self, request: web.Request, complete: Any) -> web.StreamResponse:
         try:
             session = self._session_of(request)
             try:
                 body = await request.json()
             except ValueError as exc:
                 raise EndpointError(400, f"the body is not JSON: {exc}") from exc
+            if body.get("n", 1) != 1:
+                raise EndpointError(400, "`n` other than 1 is not supported: open one session per sample")
             async with session.lock:  # one turn at a time: each turn extends the previous one
-                return web.json_response(await self._complete(session, body))
+                answer = await complete(session, body)
         except EndpointError as exc:
             return _error(exc)
+        if not body.get("stream"):
+            return web.json_response(answer)
+        return await _stream(request, answer, bool((body.get("stream_options") or {}).get("include_usage")))
 
     def _session_of(self, request: web.Request) -> ChatSession:
         """The request's session, once its key is checked."""
@@ -247,21 +265,92 @@ class OpenAIEndpoint:
         """The model name answers carry."""
         return str(getattr(self.ctx.args, "hf_checkpoint", None) or "slime-like")
 
-    async def _complete(self, session: ChatSession, body: dict[str, Any]) -> dict[str, Any]:
-        """Generate one assistant turn for the session and answer in OpenAI's format."""
+    def _tool_parser(self, tools: Any, tool_choice: Any) -> Any:
+        """SGLang's parser of the model's tool-call format for these tools (None: no tools, or tool_choice none)."""
+        if not tools or tool_choice == "none":
+            return None
+        name = server_flag(self.ctx.args, "--tool-call-parser")
+        if name is None:
+            raise EndpointError(
+                400, "`tools` need the model's tool-call format: start the run with --sglang-tool-call-parser NAME"
+            )
+        from sglang.srt.entrypoints.openai.protocol import Tool
+        from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+        try:
+            return FunctionCallParser([Tool(**t) for t in tools], name)
+        except (TypeError, ValueError) as exc:
+            raise EndpointError(400, f"`tools` or --sglang-tool-call-parser {name!r}: {exc}") from exc
+
+    async def _complete_chat(self, session: ChatSession, body: dict[str, Any]) -> dict[str, Any]:
+        """Generate one assistant turn for the session and answer in OpenAI's chat format."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise EndpointError(400, "`messages` must be a non-empty list")
-        for name, unsupported in (
-            ("stream", body.get("stream")),
-            ("tools", body.get("tools")),
-            ("n", body.get("n", 1) != 1),
-        ):
-            if unsupported:
-                raise EndpointError(400, f"`{name}` is not supported by this endpoint yet")
+        tools = body.get("tools") or None
+        parser = self._tool_parser(tools, body.get("tool_choice"))
         messages = [{**m, "content": m.get("content") or ""} for m in messages]  # templates concatenate content
         tokenizer = self.ctx.tokenizer
-        prompt_text = render(tokenizer, messages, generation_prompt=True)
+        prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
+        input_ids, out = await self._generate(session, prompt_text, body)
+        ids, output_text, reason = self._record(session, out)
+        content = _content(tokenizer, ids, output_text, reason)
+        reply: dict[str, Any] = {"role": "assistant", "content": content}
+        finish = "length" if reason.get("type") == "length" else "stop"
+        if parser is not None and parser.has_tool_call(content):
+            text, calls = parser.parse_non_stream(content)
+            if calls:
+                reply["content"] = text or None
+                reply["tool_calls"] = [_tool_call(call) for call in calls]
+                finish = "tool_calls"
+                self.ctx.count("openai_tool_calls", len(calls))
+        session.rendered = render(tokenizer, [*messages, {**reply, "content": reply["content"] or ""}], False, tools)
+        session.bridge, drift = bridge_text(prompt_text, session.rendered, output_text, self._turn_end)
+        if drift:
+            session.drift += 1
+            self.ctx.count("openai_template_drift")
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self._model_name(),
+            "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
+            "usage": _usage(input_ids, ids),
+        }
+
+    async def _complete_text(self, session: ChatSession, body: dict[str, Any]) -> dict[str, Any]:
+        """Continue the session's text: `prompt` is the text so far (it must extend the previous prompt and
+        completion); answer in OpenAI's completions format."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise EndpointError(400, "`prompt` must be one non-empty string (token-id prompts: use /generate)")
+        if body.get("echo") or body.get("suffix") or body.get("best_of", 1) != 1:
+            raise EndpointError(400, "`echo`, `suffix` and `best_of` are not supported by this endpoint")
+        input_ids, out = await self._generate(session, prompt, body)
+        ids, output_text, reason = self._record(session, out)
+        session.rendered, session.bridge = prompt + output_text, ""
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self._model_name(),
+            "choices": [
+                {
+                    "index": 0,
+                    "text": _content(self.ctx.tokenizer, ids, output_text, reason),
+                    "finish_reason": "length" if reason.get("type") == "length" else "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(input_ids, ids),
+        }
+
+    async def _generate(self, session: ChatSession, prompt_text: str, body: dict[str, Any]) -> tuple[list[int], Any]:
+        """Extend the session's tokens to `prompt_text` (only the new text is tokenised) and generate from them:
+        the ids sent and SGLang's answer."""
+        tokenizer = self.ctx.tokenizer
         if not session.turns:
             new_ids, new_text = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"]), ""
         elif prompt_text.startswith(session.rendered):
@@ -295,18 +384,10 @@ class OpenAIEndpoint:
             session.inflight = None
         if session.closed:
             raise EndpointError(404, "the session ended while this turn was generated")
-        return self._record(session, messages, prompt_text, payload["input_ids"], out, body)
+        return payload["input_ids"], out
 
-    def _record(
-        self,
-        session: ChatSession,
-        messages: list[dict[str, Any]],
-        prompt_text: str,
-        input_ids: list[int],
-        out: dict[str, Any],
-        body: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Append one answer's sampled ids to the session and build the OpenAI response."""
+    def _record(self, session: ChatSession, out: dict[str, Any]) -> tuple[list[int], str, dict[str, Any]]:
+        """Append one answer's sampled ids and log-probs to the session: (ids, their text, finish reason)."""
         meta = out["meta_info"]
         ids = [int(t[1]) for t in meta["output_token_logprobs"]]
         lps = [float(t[0]) for t in meta["output_token_logprobs"]]
@@ -315,28 +396,60 @@ class OpenAIEndpoint:
         if kind == "abort":
             session.aborted = self.ctx.aborting
             raise EndpointError(503, f"generation aborted: {reason.get('message') or reason}", "server_error")
-        tokenizer = self.ctx.tokenizer
-        output_text = tokenizer.decode(ids, skip_special_tokens=False)
+        output_text = self.ctx.tokenizer.decode(ids, skip_special_tokens=False)
+        input_ids = list(session.tokens)
         session.append(ids, output_text, lps, meta)
         session.turns.append(Turn(input_ids, ids, lps, kind, meta))
         if kind == "length" and session.response_length >= session.budget:
             session.truncated = True
-        content = _content(tokenizer, ids, output_text, reason)
-        reply = {"role": "assistant", "content": content}
-        session.rendered = render(tokenizer, [*messages, reply], generation_prompt=False)
-        session.bridge, drift = bridge_text(prompt_text, session.rendered, output_text, self._turn_end)
-        if drift:
-            session.drift += 1
-            self.ctx.count("openai_template_drift")
         self.ctx.count("openai_turns")
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self._model_name(),
-            "choices": [{"index": 0, "message": reply, "finish_reason": "length" if kind == "length" else "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": len(input_ids), "completion_tokens": len(ids), "total_tokens": len(input_ids) + len(ids)},
-        }  # fmt: skip
+        return ids, output_text, {**reason, "type": kind}
+
+
+def server_flag(args: Any, flag: str) -> str | None:
+    """The value of an SGLang server flag given as --sglang-<flag> (None when not given)."""
+    flags = list(getattr(args, "sglang_server_args", None) or [])
+    for i, token in enumerate(flags):
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+        if token == flag and i + 1 < len(flags):
+            return flags[i + 1]
+    return None
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """One parsed call (SGLang's ToolCallItem) in OpenAI's format."""
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": call.name, "arguments": call.parameters}}  # fmt: skip
+
+
+def _usage(input_ids: list[int], ids: list[int]) -> dict[str, int]:
+    return {"prompt_tokens": len(input_ids), "completion_tokens": len(ids), "total_tokens": len(input_ids) + len(ids)}
+
+
+async def _stream(request: web.Request, answer: dict[str, Any], include_usage: bool) -> web.StreamResponse:
+    """The finished answer as OpenAI's server-sent events: a chunk with the content (or tool calls), one with the
+    finish reason, the usage when asked, then [DONE]. The turn is generated before the first chunk is sent."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    chat = answer["object"] == "chat.completion"
+    head = {"id": answer["id"], "object": "chat.completion.chunk" if chat else "text_completion", "created": answer["created"], "model": answer["model"]}  # fmt: skip
+    choice = answer["choices"][0]
+    if chat:
+        message = choice["message"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+        if "tool_calls" in message:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        chunks = [{"index": 0, "delta": delta, "finish_reason": None}, {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]  # fmt: skip
+    else:
+        chunks = [{"index": 0, "text": choice["text"], "finish_reason": None}, {"index": 0, "text": "", "finish_reason": choice["finish_reason"]}]  # fmt: skip
+    events = [{**head, "choices": [c]} for c in chunks]
+    if include_usage:
+        events.append({**head, "choices": [], "usage": answer["usage"]})
+    for event in events:
+        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 def _content(tokenizer: Any, ids: list[int], output_text: str, reason: dict[str, Any]) -> str:
@@ -354,9 +467,14 @@ def _content(tokenizer: Any, ids: list[int], output_text: str, reason: dict[str,
 def _sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
     """SGLang sampling parameters a request sets (the rollout's apply otherwise)."""
     params: dict[str, Any] = {}
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("sampling_seed", "seed")):
+    pairs = [("temperature", "temperature"), ("top_p", "top_p"), ("sampling_seed", "seed")]
+    pairs += [(k, k) for k in ("top_k", "min_p", "regex", "ebnf")]  # SGLang's own, sent as extra_body
+    for ours, theirs in pairs:
         if body.get(theirs) is not None:
             params[ours] = body[theirs]
+    response_format = body.get("response_format") or {}
+    if response_format.get("type") == "json_schema":
+        params["json_schema"] = json.dumps(response_format["json_schema"].get("schema", {}))
     stop = body.get("stop")
     if stop:
         params["stop"] = [stop] if isinstance(stop, str) else list(stop)

@@ -243,3 +243,118 @@ def test_sdk_client_auth_and_ended_sessions(tiny_qwen3: Path, sglang_server: SGL
             assert "openai_endpoint" not in ctx.plugin_state  # its endpoint stopped with its last session
 
     asyncio.run(main())
+
+
+TOOLS_TEMPLATE = """
+{%- if tools %}<|im_start|>system
+Tools:
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% if m.content %}{{ m.content }}
+{% endif %}{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}  # fmt: skip
+CALL_REGEX = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [1-9]\}\}\n</tool_call>'
+
+
+def test_tool_calls_streaming_and_completions_stay_token_exact(
+    tiny_qwen3: Path, sglang_server: SGLangServer, tmp_path: Path
+) -> None:
+    """A tool call parsed by SGLang's qwen25 parser and answered, a streamed turn, and /v1/completions, all with
+    the OpenAI SDK; the session's tokens are exactly the ids sent and sampled."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_qwen3 / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)  # the model's vocabulary, a template that renders tools
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            flags = [
+                "--hf-checkpoint",
+                str(tiny_qwen3),
+                "--prompt-data",
+                "x",
+                "--rollout-batch-size",
+                "1",
+                "--num-rollout",
+                "1",
+            ]
+            args = parse_args([*flags, "--sglang-tool-call-parser", "qwen25"])
+            ctx = RolloutContext(args, tokenizer, sglang_server.url, http, asyncio.Semaphore(4))
+            endpoint = await OpenAIEndpoint(ctx).start()
+            try:
+                chat = endpoint.open_session(Sample(index=0), {"max_new_tokens": 120, "temperature": 1.0})
+                text = endpoint.open_session(Sample(index=1), {"max_new_tokens": 40, "temperature": 1.0})
+                await asyncio.to_thread(sdk_calls, endpoint.base_url(chat), endpoint.base_url(text), endpoint.api_key)
+            finally:
+                await endpoint.stop()
+            first, second = chat.turns
+            assert chat.tokens[: len(second.input_ids)] == second.input_ids
+            assert (
+                second.input_ids[: len(first.input_ids) + len(first.output_ids)] == first.input_ids + first.output_ids
+            )
+            inserted = second.input_ids[len(first.input_ids) + len(first.output_ids) :]
+            assert tokenizer.decode(inserted).startswith("\n<|im_start|>user\n<tool_response>\n")
+            assert chat.drift == 0  # the template shows the call exactly as it was sampled
+            assert chat.tokens == second.input_ids + second.output_ids and ctx.counters["openai_tool_calls"] == 1
+            # Without --sglang-tool-call-parser, tools are refused with the flag to add.
+            bare = await OpenAIEndpoint(
+                RolloutContext(parse_args(flags), tokenizer, "", http, asyncio.Semaphore(1))
+            ).start()
+            try:
+                url = bare.base_url(bare.open_session(Sample(index=2), {"max_new_tokens": 8}))
+                body = {"messages": [{"role": "user", "content": "hi"}], "tools": [ADD]}
+                headers = {"Authorization": f"Bearer {bare.api_key}"}
+                async with http.post(f"{url}/chat/completions", json=body, headers=headers) as answer:
+                    assert answer.status == 400
+                    assert "--sglang-tool-call-parser" in (await answer.json())["error"]["message"]
+            finally:
+                await bare.stop()
+            one, two = text.turns
+            assert two.input_ids[: len(one.input_ids) + len(one.output_ids)] == one.input_ids + one.output_ids
+            assert tokenizer.decode(two.input_ids[len(one.input_ids) + len(one.output_ids) :]) == " and 3+3="
+
+    asyncio.run(main())
+
+
+def sdk_calls(chat_url: str, text_url: str, key: str) -> None:
+    client = openai.OpenAI(base_url=chat_url, api_key=key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "add 3"}]
+    reply = client.chat.completions.create(
+        model="m", messages=messages, tools=[ADD], max_tokens=60, extra_body={"regex": CALL_REGEX}
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "add" and set(json.loads(call.function.arguments)) == {"a"}
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "6"},
+    ]
+    stream = client.chat.completions.create(
+        model="m", messages=messages, tools=[ADD], max_tokens=5, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[1].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens >= 1
+    text = openai.OpenAI(base_url=text_url, api_key=key, max_retries=0)
+    first = text.completions.create(model="m", prompt="2+2=", max_tokens=3).choices[0].text
+    text.completions.create(model="m", prompt="2+2=" + first + " and 3+3=", max_tokens=3)
