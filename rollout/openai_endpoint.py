@@ -40,9 +40,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from aiohttp import web
 
 from rollout import generate as gen
@@ -171,6 +173,7 @@ class OpenAIEndpoint:
         self.port = 0
         self.users = 0  # samples using the shared endpoint (endpoint_for)
         self.starting: asyncio.Future[OpenAIEndpoint] | None = None
+        self._transport: httpx.AsyncHTTPTransport | None = None  # the pool lent to the agents' clients
 
     async def start(self) -> OpenAIEndpoint:
         """Serve on 127.0.0.1 on a free port."""
@@ -190,9 +193,21 @@ class OpenAIEndpoint:
         """Close every session and stop serving."""
         for sid in list(self.sessions):
             await self.close_session(sid)
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def http_client(self) -> httpx.AsyncClient:
+        """An httpx.AsyncClient on this endpoint's shared connection pool, for an agent's OpenAI client: a client
+        of its own builds an SSL context, ~70 ms of CPU on the rollout's event loop per sample (measured in
+        scripts/bench/bench_openai_endpoint.py). Closing it leaves the pool open; the pool closes with the endpoint."""
+        if self._transport is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+            self._transport = httpx.AsyncHTTPTransport(limits=limits)
+        return httpx.AsyncClient(transport=_BorrowedTransport(self._transport), timeout=None)
 
     def base_url(self, session: ChatSession) -> str:
         """The `base_url` an OpenAI client uses for this session."""
@@ -289,10 +304,11 @@ class OpenAIEndpoint:
             raise EndpointError(400, "`messages` must be a non-empty list")
         tools = body.get("tools") or None
         parser = self._tool_parser(tools, body.get("tool_choice"))
+        forced = _tool_constraint(parser, body.get("tool_choice")) if parser is not None else {}
         messages = [{**m, "content": m.get("content") or ""} for m in messages]  # templates concatenate content
         tokenizer = self.ctx.tokenizer
         prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
-        input_ids, out = await self._generate(session, prompt_text, body)
+        input_ids, out = await self._generate(session, prompt_text, body, forced)
         ids, output_text, reason = self._record(session, out)
         content = _content(tokenizer, ids, output_text, reason)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
@@ -347,9 +363,11 @@ class OpenAIEndpoint:
             "usage": _usage(input_ids, ids),
         }
 
-    async def _generate(self, session: ChatSession, prompt_text: str, body: dict[str, Any]) -> tuple[list[int], Any]:
-        """Extend the session's tokens to `prompt_text` (only the new text is tokenised) and generate from them:
-        the ids sent and SGLang's answer."""
+    async def _generate(
+        self, session: ChatSession, prompt_text: str, body: dict[str, Any], constraint: dict[str, str] | None = None
+    ) -> tuple[list[int], Any]:
+        """Extend the session's tokens to `prompt_text` (only the new text is tokenised) and generate from them,
+        under `constraint` (a tool choice's grammar) if given: the ids sent and SGLang's answer."""
         tokenizer = self.ctx.tokenizer
         if not session.turns:
             new_ids, new_text = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"]), ""
@@ -366,6 +384,10 @@ class OpenAIEndpoint:
         requested = body.get("max_completion_tokens") or body.get("max_tokens")
         params = {**session.sampling_params, "max_new_tokens": min(int(requested or left), left)}
         params.update(_sampling_overrides(body))
+        if constraint:
+            if any(k in params for k in ("regex", "ebnf", "json_schema", "structural_tag")):
+                raise EndpointError(400, "`tool_choice` forces a tool call's grammar: drop regex/ebnf/response_format")
+            params.update(constraint)
         if session.turns:
             session.append(new_ids, new_text, None, None)
         else:
@@ -406,6 +428,27 @@ class OpenAIEndpoint:
         return ids, output_text, {**reason, "type": kind}
 
 
+_current: ContextVar[OpenAIEndpoint | None] = ContextVar("openai_endpoint", default=None)
+
+
+def current_endpoint() -> OpenAIEndpoint | None:
+    """The endpoint an agent running inside `endpoint_for` (and tasks it starts) talks to."""
+    return _current.get()
+
+
+class _BorrowedTransport(httpx.AsyncBaseTransport):
+    """The endpoint's connection pool seen by one client: requests go through, closing the client keeps the pool."""
+
+    def __init__(self, pool: httpx.AsyncBaseTransport) -> None:
+        self.pool = pool
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.pool.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
 def server_flag(args: Any, flag: str) -> str | None:
     """The value of an SGLang server flag given as --sglang-<flag> (None when not given)."""
     flags = list(getattr(args, "sglang_server_args", None) or [])
@@ -415,6 +458,24 @@ def server_flag(args: Any, flag: str) -> str | None:
         if token == flag and i + 1 < len(flags):
             return flags[i + 1]
     return None
+
+
+def _tool_constraint(parser: Any, tool_choice: Any) -> dict[str, str]:
+    """The grammar SGLang's parser gives for tool_choice "required" or a named function (none for auto)."""
+    if tool_choice in (None, "auto", "none"):
+        return {}
+    from sglang.srt.entrypoints.openai.protocol import ToolChoice
+
+    try:
+        choice = tool_choice if tool_choice == "required" else ToolChoice(**tool_choice)
+        constraint = parser.get_structure_constraint(choice)
+    except (TypeError, ValueError) as exc:
+        raise EndpointError(400, f"`tool_choice` {tool_choice!r}: {exc}") from exc
+    if constraint is None:
+        raise EndpointError(400, f"`tool_choice` {tool_choice!r}: this tool-call parser cannot force a call")
+    kind, value = constraint
+    value = value.model_dump(by_alias=True) if hasattr(value, "model_dump") else value
+    return {kind: value if isinstance(value, str) else json.dumps(value)}
 
 
 def _tool_call(call: Any) -> dict[str, Any]:
@@ -468,7 +529,7 @@ def _sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
     """SGLang sampling parameters a request sets (the rollout's apply otherwise)."""
     params: dict[str, Any] = {}
     pairs = [("temperature", "temperature"), ("top_p", "top_p"), ("sampling_seed", "seed")]
-    pairs += [(k, k) for k in ("top_k", "min_p", "regex", "ebnf")]  # SGLang's own, sent as extra_body
+    pairs += [(k, k) for k in ("top_k", "min_p", "regex", "ebnf", "ignore_eos")]  # SGLang's own, as extra_body
     for ours, theirs in pairs:
         if body.get(theirs) is not None:
             params[ours] = body[theirs]
@@ -503,9 +564,11 @@ async def endpoint_for(ctx: RolloutContext) -> AsyncIterator[OpenAIEndpoint]:
         if ctx.plugin_state.get(_STATE_KEY) is endpoint and endpoint.users == 0:
             ctx.plugin_state.pop(_STATE_KEY, None)
         raise
+    token = _current.set(endpoint)
     try:
         yield endpoint
     finally:
+        _current.reset(token)
         endpoint.users -= 1
         if endpoint.users == 0:
             if ctx.plugin_state.get(_STATE_KEY) is endpoint:

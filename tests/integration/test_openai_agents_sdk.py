@@ -1,0 +1,107 @@
+"""OpenAI's Agents SDK (`openai-agents`) trained unchanged: plugins/openai_agents_example.py in a real rollout on the
+session's SGLang server (a tool call parsed by SGLang's qwen25 parser, the SDK running the Python tool and sending
+its result back, the final answer), then the samples in a Megatron forward and train step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from buffer.train_data import build_train_data
+from rollout.manager import RolloutManager
+from rollout.sglang_server import SGLangServer
+from slime_like.arguments import parse_args
+from slime_like.core.sample import Status
+from tests.integration.test_openai_endpoint import TOOLS_TEMPLATE
+
+N = 4
+
+
+@pytest.fixture(scope="module")
+def with_tools_template(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a chat template that renders tools, tool calls and tool results (Qwen's shape)."""
+    out = tmp_path_factory.mktemp("tiny-tools")
+    for item in tiny_qwen3.iterdir():
+        if item.is_file():
+            shutil.copy(item, out / item.name)
+    (out / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rollout(with_tools_template: Path, sglang_server: SGLangServer, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("agents-sdk")
+    (root / "train.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "double 3"}]}) + "\n")
+    args = parse_args(
+        [
+            "--hf-checkpoint", str(with_tools_template), "--prompt-data", str(root / "train.jsonl"),
+            "--input-key", "prompt", "--rollout-batch-size", "1", "--n-samples-per-prompt", str(N),
+            "--num-rollout", "1", "--rollout-max-response-len", "256", "--rollout-temperature", "1.0",
+            "--custom-generate-function-path", "plugins.openai_agents_example.generate",
+            "--custom-rm-path", "plugins.openai_agents_example.tool_reward",
+            "--sglang-tool-call-parser", "qwen25", "--output-dir", str(root / "out"),
+        ]
+    )  # fmt: skip
+    manager = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
+    try:
+        groups, metrics = manager.generate(0)
+    finally:
+        manager.shutdown()
+    return groups[0], metrics
+
+
+def test_the_sdk_agent_calls_its_tool_and_answers(rollout, with_tools_template: Path) -> None:
+    from transformers import AutoTokenizer
+
+    group, metrics = rollout
+    tokenizer = AutoTokenizer.from_pretrained(with_tools_template)
+    assert len(group) == N and metrics["rollout/openai_tool_calls"] == N and metrics["rollout/openai_turns"] == 2 * N
+    for sample in group:
+        assert sample.status == Status.COMPLETED and sample.metadata["openai_turns"] == 2, sample.metadata
+        (result,) = sample.metadata["tool_results"]
+        response = sample.tokens[sample.prompt_length :]
+        model = tokenizer.decode([t for t, m in zip(response, sample.loss_mask, strict=True) if m])
+        context = tokenizer.decode([t for t, m in zip(response, sample.loss_mask, strict=True) if not m])
+        digit = int(json.loads(model.split("<tool_call>\n")[1].split("\n</tool_call>")[0])["arguments"]["digit"])
+        assert result == str(2 * digit)  # the SDK ran our Python tool on the model's arguments
+        assert f"<tool_response>\n{result}\n</tool_response>" in context  # ... and sent its result back
+        assert model.endswith(sample.metadata["agent_answer"] + "<|im_end|>")  # the answer the SDK returned
+        assert sample.reward == float(sample.metadata["agent_answer"] == result)
+
+
+def test_the_trajectories_train_with_megatron_log_probs_equal_to_sglang(
+    rollout, with_tools_template: Path, sglang_server: SGLangServer
+) -> None:
+    """Megatron scores the trained ids as SGLang does (teacher forcing, within 1e-4). The sampled log-probs are the
+    grammar-constrained sampler's (the regexes): masking only removes choices, so they are never below the model's."""
+    from rollout import sglang_client as client
+    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.megatron.parallel import init_parallel
+
+    group, _ = rollout
+    data = build_train_data([group])
+    init_parallel(tp=1, pp=1, seed=1234)
+    engine = MegatronTrainEngine(with_tools_template, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=512)
+    logprobs = engine.forward_logprobs(data.tokens)
+    per_sample = zip(logprobs, data.tokens, data.response_lengths, data.rollout_log_probs, data.loss_masks, strict=True)
+    for lp, tokens, n, sampled, mask in per_sample:
+        probe = torch.tensor(client.prompt_logprobs(sglang_server.url, tokens)[-n:])
+        assert (lp[-n:] - probe).abs().max() < 1e-4
+        model = torch.tensor(mask, dtype=torch.bool)
+        assert (torch.tensor(sampled)[model] >= probe[model] - 1e-4).all()
+
+    def loss(per_sequence, rows):  # rows: (response length, loss mask) of this micro-batch's sequences
+        terms = [-(lp[-n:] * torch.tensor(mask)).sum() for lp, (n, mask) in zip(per_sequence, rows, strict=True)]
+        return sum(terms) / sum(map(sum, data.loss_masks))
+
+    before = engine.forward_logprobs(data.tokens)
+    rows = list(zip(data.response_lengths, data.loss_masks, strict=True))
+    out = engine.train_step(data.tokens, rows, loss)
+    after = engine.forward_logprobs(data.tokens)
+    assert torch.isfinite(torch.tensor(out["loss"]))
+    assert (torch.cat(after) - torch.cat(before)).abs().max() > 1e-4
