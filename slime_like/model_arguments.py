@@ -201,6 +201,9 @@ def expected_from_hf(config: Any) -> dict[str, tuple[str, Any]]:
     # As slime: --ffn-hidden-size sizes only dense MLPs, so a model that is MoE in every layer leaves it unchecked.
     if getattr(config, "intermediate_size", None) is not None and (pattern is None or 0 in pattern[1]):
         out["ffn_hidden_size"] = ("intermediate_size", config.intermediate_size)
+    # Without moe_intermediate_size (MiniMax-M2, Mixtral), intermediate_size is the experts' width.
+    if pattern is not None and "moe_ffn_hidden_size" not in out and getattr(config, "intermediate_size", None):
+        out["moe_ffn_hidden_size"] = ("intermediate_size", config.intermediate_size)
     out["untie_embeddings_and_output_weights"] = (
         "tie_word_embeddings",
         not getattr(config, "tie_word_embeddings", False),

@@ -334,6 +334,12 @@ def _training_layout_problems(args: Any, config: Any) -> list[str]:
             f"trainer ranks of a pipeline stage (--actor-num-nodes x --actor-num-gpus-per-node = {args.world_size} "
             f"over --pipeline-model-parallel-size {pp})"
         )
+    if getattr(config, "index_topk", None) and args.context_parallel_size > 1:  # GLM-5's DSA (slime_like.megatron.dsa)
+        problems.append(
+            f"--context-parallel-size {args.context_parallel_size}: megatron-core 0.16's DeepSeek sparse attention "
+            "(GLM-5) has no context parallelism (slime's --allgather-cp comes with its own GLM-5 layer spec); use "
+            "--context-parallel-size 1"
+        )
     return problems
 
 

@@ -22,7 +22,7 @@ from slime_like.core.logs import setup_logging
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool (no heavy import: --help is instant)."""
-    from slime_like.megatron.checkpoint_conversion import add_parallel_arguments
+    from slime_like.megatron.checkpoint_conversion import add_mtp_arguments, add_parallel_arguments
     from slime_like.model_arguments import add_model_arguments
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save", required=True, help="output directory: release/ and the tracker file are written there")
     add_parallel_arguments(p)
     add_model_arguments(p)
+    add_mtp_arguments(p)
     return p.parse_args(argv)
 
 
@@ -41,12 +42,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from megatron.core import parallel_state
 
+    from slime_like.core.hf_config import load_hf_config
     from slime_like.megatron import checkpoint_layout as layout
     from slime_like.megatron.checkpoint import save_checkpoint
-    from slime_like.megatron.checkpoint_conversion import prepare_model
+    from slime_like.megatron.checkpoint_conversion import mtp_layers_to_build, prepare_model
     from slime_like.megatron.model import load_hf_weights
 
-    bridge, model, ours = prepare_model(args, "convert_hf_to_torch_dist")
+    mtp_layers = mtp_layers_to_build(load_hf_config(args.hf_checkpoint), args.mtp_num_layers)
+    bridge, model, ours = prepare_model(args, "convert_hf_to_torch_dist", mtp_layers)
     load_hf_weights(bridge, model, args.hf_checkpoint)
     rank0 = torch.distributed.get_rank() == 0
     if rank0:

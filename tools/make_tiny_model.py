@@ -10,7 +10,7 @@ import json
 import random
 from pathlib import Path
 
-FAMILIES = ("qwen3", "qwen2", "llama", "qwen3_moe")
+FAMILIES = ("qwen3", "qwen2", "llama", "qwen3_moe", "qwen3_next")
 
 # Qwen-style chat template: the role header, the content, an end-of-turn token.
 CHAT_TEMPLATE = (
@@ -109,6 +109,26 @@ def build_config(family: str, vocab_size: int, args: argparse.Namespace, eos_id:
             norm_topk_prob=True,
             **common,
         )
+    if family == "qwen3_next":
+        # Gated delta net and gated attention alternating; heads split as Qwen3-Next-80B-A3B's (2 value heads per key
+        # head); MoE with a gated shared expert in every layer (SGLang builds every layer MoE).
+        head_dim = args.hidden_size // args.num_heads
+        return transformers.Qwen3NextConfig(
+            head_dim=head_dim,
+            full_attention_interval=2,
+            linear_num_key_heads=args.num_kv_heads,
+            linear_num_value_heads=2 * args.num_kv_heads,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+            num_experts=args.num_experts,
+            num_experts_per_tok=args.moe_top_k,
+            moe_intermediate_size=args.ffn_hidden_size,
+            shared_expert_intermediate_size=args.ffn_hidden_size,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            **common,
+        )
     raise ValueError(f"--family must be one of {FAMILIES}, got {family!r}")
 
 
@@ -126,6 +146,10 @@ def make_tiny_model(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
+    if args.family == "qwen3_next":  # the published config.json's fields, which SGLang reads
+        saved = json.loads((out / "config.json").read_text())
+        saved.update(full_attention_interval=2, rope_theta=10000.0, partial_rotary_factor=0.25)
+        (out / "config.json").write_text(json.dumps(saved, indent=2))
     tokenizer.save_pretrained(out)
     gen = transformers.GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=eos_id)
     gen.save_pretrained(out)
@@ -145,8 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-kv-heads", type=int, default=2)
     p.add_argument("--max-position-embeddings", type=int, default=2048)
-    p.add_argument("--num-experts", type=int, default=4, help="qwen3_moe only")
-    p.add_argument("--moe-top-k", type=int, default=2, help="qwen3_moe only")
+    p.add_argument("--num-experts", type=int, default=4, help="qwen3_moe and qwen3_next only")
+    p.add_argument("--moe-top-k", type=int, default=2, help="qwen3_moe and qwen3_next only")
     p.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

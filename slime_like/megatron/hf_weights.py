@@ -22,15 +22,18 @@ from safetensors import safe_open
 
 from slime_like.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
 from slime_like.megatron.families import Rule, rules_for, template
+from slime_like.megatron.lora import is_adapter_param
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-_HF_MTP_LAYER = re.compile(r"^model\.mtp_layers\.\d+\.")  # MiMo's own place for its MTP layers
+# MiMo's own place for its MTP layers; Qwen3-Next and Qwen3.5 keep theirs (fc, norms, layers) under mtp., and
+# Qwen3.5's vision tower (model.visual, not built: the trainer runs the text model) passes through the same way.
+_HF_MTP_LAYER = re.compile(r"^(model\.mtp_layers\.\d+|mtp|model\.visual)\.")
 
 
 def untrained_hf_names(names: Iterable[str], hf_config: Any) -> list[str]:
-    """The checkpoint tensors no Megatron parameter holds: the multi-token-prediction layers (model.layers.{n}
-    for n >= num_hidden_layers, or MiMo's model.mtp_layers.{i}), which Megatron does not build; a full export
-    copies them from the checkpoint."""
+    """The checkpoint tensors of the multi-token-prediction layers (model.layers.{n} for n >= num_hidden_layers, or
+    MiMo's model.mtp_layers.{i}), which Megatron builds only with --enable-mtp-training (mtp.py); a full export
+    of a model without them copies them from the checkpoint."""
     layers = hf_config.num_hidden_layers
     return sorted(
         n for n in names if _HF_MTP_LAYER.match(n) or ((m := _HF_LAYER.match(n)) and int(m.group(1)) >= layers)
@@ -69,6 +72,17 @@ class HFCheckpoint:
         return self._open[path].get_tensor(name)
 
 
+def _refuse_fp8(tensors: list[torch.Tensor], names: list[str], directory: Path) -> None:
+    """A ValueError for FP8 tensors: copied into 16/32-bit parameters they would load without their block scales."""
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor.dtype.is_floating_point and tensor.dtype.itemsize == 1:
+            raise ValueError(
+                f"{directory} stores {name} in {tensor.dtype} (an FP8 checkpoint, as MiniMax-M2's and Kimi-K2's "
+                "published weights are): the trainer loads 16/32-bit weights only. Dequantize the checkpoint to bf16 "
+                "first (e.g. with slime's tools/fp8_cast_bf16.py) and pass that directory as --hf-checkpoint"
+            )
+
+
 @dataclass
 class _Entry:
     """One Megatron parameter (or ruled buffer) of a rank, with its global layer number."""
@@ -84,7 +98,8 @@ class _Entry:
     tensor: torch.Tensor | None = None  # None in the metadata other pipeline stages receive
 
     def hf_names(self, expert: int | None) -> list[str]:
-        return [n.format(layer=self.layer, expert=expert) for n in self.rule.hf]
+        layer = None if self.layer is None else self.layer + self.rule.layer_offset
+        return [n.format(layer=layer, expert=expert) for n in self.rule.hf]
 
     def meta(self) -> _Entry:
         return _Entry(self.name, self.rule, self.layer, self.expert, self.parallel, self.dim, self.shape, self.dtype)
@@ -103,8 +118,8 @@ def _entries(chunk: torch.nn.Module, rules: dict[str, Rule]) -> list[_Entry]:
     params = {id(p) for p in chunk.parameters()}
     entries = []
     for name, tensor in chunk.state_dict(keep_vars=True).items():
-        if name.rsplit(".", 1)[-1] == "_extra_state" or not torch.is_tensor(tensor):
-            continue
+        if name.rsplit(".", 1)[-1] == "_extra_state" or not torch.is_tensor(tensor) or is_adapter_param(name):
+            continue  # LoRA adapters are no part of the HF base model (lora.py saves them in PEFT format)
         key, layer, expert = template(name)
         rule = rules.get(key)
         if rule is None:
@@ -115,7 +130,8 @@ def _entries(chunk: torch.nn.Module, rules: dict[str, Rule]) -> list[_Entry]:
             _Entry(
                 name,
                 rule,
-                None if layer is None else global_layer[layer],
+                # MTP layers (mtp.layers.{i}) keep their own numbering; decoder layers get their global number.
+                layer if layer is None or key.startswith("mtp.") else global_layer[layer],
                 expert,
                 bool(getattr(tensor, "tensor_model_parallel", False)),
                 getattr(tensor, "partition_dim", 0),
@@ -135,7 +151,11 @@ class _Layout:
 
         self.rules = rules_for(hf_config)
         self.hf_vocab = hf_config.vocab_size
-        self.attn = AttentionShape(config.num_attention_heads, config.num_query_groups, config.kv_channels)
+        linear = None
+        if getattr(config, "linear_num_key_heads", None):  # gated delta net layers (Qwen3-Next, Qwen3.5)
+            linear = (config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim,
+                      config.linear_value_head_dim)  # fmt: skip
+        self.attn = AttentionShape(config.num_attention_heads, config.num_query_groups, config.kv_channels, linear)
         self.tp = (mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank())
         self.etp = (mpu.get_expert_tensor_parallel_world_size(), mpu.get_expert_tensor_parallel_rank())
         self.ep = (mpu.get_expert_model_parallel_world_size(), mpu.get_expert_model_parallel_rank())
@@ -164,8 +184,9 @@ def load_hf_weights(model: list[torch.nn.Module], hf_dir: str | Path, hf_config:
                 size, rank = layout.tp_of(entry)
                 rows = entry.tensor.shape[0] * size if entry.rule.kind == "vocab" else None
                 hf = [checkpoint.get(n, entry.name) for n in names]
+                _refuse_fp8(hf, names, checkpoint.directory)
                 full = to_megatron(entry.rule.kind, hf, layout.attn, rows)
-                part = shard(entry.rule.kind, full, entry.dim, size, rank)
+                part = shard(entry.rule.kind, full, entry.dim, size, rank, layout.attn)
                 if part.shape != entry.tensor.shape:
                     raise ValueError(
                         f"HF tensors {names} (shapes {[tuple(t.shape) for t in hf]}) do not fit Megatron parameter "
@@ -225,7 +246,7 @@ def _full_hf_tensors(entry: _Entry, tensor: torch.Tensor, layout: _Layout) -> It
     group = (
         mpu.get_expert_tensor_parallel_group() if entry.expert is not None else mpu.get_tensor_model_parallel_group()
     )
-    full = unshard(kind, _gather(tensor, size, group), entry.dim)
+    full = unshard(kind, _gather(tensor, size, group), entry.dim, layout.attn)
     if entry.expert is None:
         experts = [(None, full)]
     else:

@@ -11,8 +11,11 @@ builds the TransformerConfig and the GPTModel; the fixes it needs are made here 
 - mbridge takes the TP/PP/CP/EP sizes from Megatron's parallel state, but turns sequence parallel on
   whenever TP > 1: here it follows --sequence-parallel (init_parallel) instead.
 - Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16, GLM): bridges.py; GLM-4's
-  sandwich norms are spec changes (sandwich_norms.py) made on whichever spec is built.
-- Multi-token-prediction layers of a checkpoint are not built: untrained_hf_weights hands their tensors on as stored.
+  sandwich norms (sandwich_norms.py) and MiniMax-M2's all-heads QK norm (all_heads_qk_norm.py) are spec changes made
+  on whichever spec is built; Qwen3-Next / Qwen3.5 build their hybrid linear-attention spec themselves, for both
+  backends (gated_delta_net.py).
+- Multi-token-prediction layers of a checkpoint are built only with --enable-mtp-training (mtp.py); otherwise
+  untrained_hf_weights hands their tensors on as stored.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from slime_like.core.hf_config import load_hf_config
 from slime_like.megatron import hf_weights
+from slime_like.megatron import mtp as mtp_lib
 from slime_like.megatron.bridges import fix_hf_config
 from slime_like.megatron.cpu_compat import (
     ON_CUDA,
@@ -33,7 +37,8 @@ from slime_like.megatron.cpu_compat import (
     transformer_config_overrides,
     transformer_engine_available,
 )
-from slime_like.megatron.families import family_of
+from slime_like.megatron.families import family_of, rules_for
+from slime_like.megatron.layer_specs import local_layer_spec
 from slime_like.megatron.parallel import check_sequence_parallel, sequence_parallel_enabled
 
 
@@ -48,41 +53,6 @@ def _check_context_parallel(local_spec: bool) -> None:
             "CPU path) refuses context parallelism. Use --context-parallel-size 1, or run on GPUs with "
             "transformer-engine installed"
         )
-
-
-def _local_layer_spec(self, vp_stage: int | None = None):
-    """Replacement for LLMBridge._get_transformer_layer_spec building Megatron's local spec."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
-
-    self.has_vp_stage = True  # read by LLMBridge's provider
-    spec = get_gpt_decoder_block_spec(
-        self.config, use_transformer_engine=False, normalization=self.config.normalization, vp_stage=vp_stage
-    )
-    for layer in spec.layer_specs:
-        attention = layer.submodules.self_attention
-        if attention.module is MLASelfAttention:
-            attention.submodules.core_attention = _mla_core_attention()
-    if getattr(self, "sandwich_norms", False):
-        from slime_like.megatron.sandwich_norms import add_sandwich_norms
-
-        add_sandwich_norms(spec)
-    return spec
-
-
-def _mla_core_attention() -> type:
-    """Megatron's local DotProductAttention taking MLA's k/v head sizes (it assumes kv_channels for both)."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    class MLADotProductAttention(DotProductAttention):
-        def __init__(self, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs) -> None:
-            # Attention.__init__ builds one without the channels, then MLASelfAttention replaces it; MLA
-            # passes its softmax_scale, so only the output width needs v_channels.
-            super().__init__(*args, **kwargs)
-            if v_channels is not None:
-                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
-
-    return MLADotProductAttention
 
 
 def make_bridge(
@@ -112,8 +82,8 @@ def make_bridge(
     bridge = family.bridge(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     bridge.slime_like_local_spec = local_spec
     bridge.slime_like_hf_dir = Path(hf_dir)
-    if local_spec:
-        bridge._get_transformer_layer_spec = types.MethodType(_local_layer_spec, bridge)
+    if local_spec and not getattr(bridge, "builds_own_layer_spec", False):  # Qwen3-Next builds both specs
+        bridge._get_transformer_layer_spec = types.MethodType(local_layer_spec, bridge)
     bridge.set_extra_args(**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides)
     return bridge
 
@@ -179,5 +149,8 @@ def untrained_hf_weights(bridge) -> Iterator[tuple[str, torch.Tensor]]:
     (a server keeps the MTP draft layers it loaded).
     """
     checkpoint = hf_weights.HFCheckpoint(bridge.slime_like_hf_dir)
+    built = getattr(bridge, "slime_like_mtp_layers", 0)  # MTP layers the model holds (mtp.enable_mtp)
+    trained = mtp_lib.trained_hf_name_pattern(rules_for(bridge.hf_config), built)
     for name in hf_weights.untrained_hf_names(checkpoint.names(), bridge.hf_config):
-        yield name, checkpoint.get(name, "none (copied unchanged)")
+        if not (built and trained.fullmatch(name)):
+            yield name, checkpoint.get(name, "none (copied unchanged)")

@@ -26,6 +26,8 @@ SERVED = {
     "glm4": (make_glm4, []),
     # MiMo's config is custom code, like the real checkpoint's: the server adds --trust-remote-code itself.
     "mimo": (make_mimo, []),
+    # Not minimax_m2: SGLang 0.5.15's CPU engine dies at its first forward (a CUDA-only QK-norm kernel, docs/models.md).
+    # Not glm_moe_dsa: SGLang's server arguments ask for the CUDA device capability of a DSA model (docs/models.md).
 }
 
 
