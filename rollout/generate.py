@@ -60,11 +60,21 @@ async def abort_rid(ctx: RolloutContext, rid: str) -> None:
             logger.debug("abort of %s failed: %s", rid, exc)
 
 
+def with_adapter(args: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """A /generate payload naming the policy's LoRA adapter in a LoRA run (--lora-rank), where the servers hold
+    the policy as that adapter on the base model; the payload unchanged otherwise or when it names one itself."""
+    if not getattr(args, "lora_rank", 0) or payload.get("lora_path"):
+        return payload
+    return {**payload, "lora_path": client.LORA_ADAPTER_NAME}
+
+
 async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
-    """POST /generate with retries on connection errors and 5xx answers; each attempt has its own rid.
+    """POST /generate with retries on connection errors and 5xx answers; each attempt has its own rid; a LoRA run's
+    requests name its adapter (with_adapter).
 
     Raises AbortedBeforeSending when the rollout is aborting, EngineError when every attempt failed.
     """
+    payload = with_adapter(ctx.args, payload)
     if retries is None:
         # With --use-fault-tolerance keep retrying (about 50 s of waits): a dead engine stays in the router until its
         # next health check, and a dead router is restarted (about 10 s) once the first failure wakes its check.

@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 # SGLang's /pause_generation modes (what happens to in-flight requests: see pause_generation).
 PAUSE_MODES = ("abort", "retract", "in_place")
+# The name under which a LoRA run's servers hold the policy's adapter; every /generate of the run names it.
+LORA_ADAPTER_NAME = "policy"
 
 
 # --- blocking calls -------------------------------------------------------------------------------
@@ -98,9 +100,12 @@ def generate(
     return post(url, "/generate", {**payload, **fields}, timeout)
 
 
-def prompt_logprobs(url: str, tokens: list[int], timeout: float = 60.0) -> list[float]:
-    """The server's log-prob of every token of `tokens` after the first (its prompt log-probs)."""
-    out = generate(url, tokens, {"max_new_tokens": 1, "temperature": 0}, True, timeout, logprob_start_len=0)
+def prompt_logprobs(url: str, tokens: list[int], timeout: float = 60.0, lora_path: str | None = None) -> list[float]:
+    """The server's log-prob of every token of `tokens` after the first (its prompt log-probs), under the LoRA
+    adapter named `lora_path` when given."""
+    fields = {"lora_path": lora_path} if lora_path else {}
+    params = {"max_new_tokens": 1, "temperature": 0}
+    out = generate(url, tokens, params, True, timeout, logprob_start_len=0, **fields)
     try:
         return [float(lp) for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]]
     except (KeyError, TypeError, ValueError) as exc:
@@ -168,6 +173,25 @@ def weight_version(url: str, timeout: float = 10.0) -> str:
     if not isinstance(info, dict) or "weight_version" not in info:
         raise EngineError(f"{url}/model_info has no weight_version: {str(info)[:200]}")
     return info["weight_version"]
+
+
+def lora_adapters(url: str, timeout: float = 10.0) -> dict[str, str]:
+    """The LoRA adapters the server holds, name -> path (/v1/models lists them beside the base model)."""
+    cards = get(url, "/v1/models", timeout).get("data", [])
+    return {card["id"]: card.get("root") for card in cards if card.get("parent")}
+
+
+def load_lora_adapter(url: str, name: str, path: str, timeout: float = 300.0) -> None:
+    """Load the HF PEFT adapter in directory `path` (readable by the server) under `name`."""
+    answer = post(url, "/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout)
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise EngineError(f"{url}/load_lora_adapter {path}: {answer.get('error_message')}")
+
+
+def unload_lora_adapter(url: str, name: str, timeout: float = 300.0) -> None:
+    """Unload the adapter `name` (nothing to do when the server does not hold it)."""
+    if name in lora_adapters(url, min(timeout, 30.0)):
+        post(url, "/unload_lora_adapter", {"lora_name": name}, timeout)
 
 
 def release_memory(url: str, timeout: float = 300.0) -> None:

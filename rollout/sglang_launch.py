@@ -1,11 +1,14 @@
-"""`python -m rollout.sglang_launch ARGS`: SGLang's launch_server, able to return routed experts on CPU (R3).
+"""`python -m rollout.sglang_launch ARGS`: SGLang's launch_server, able to return routed experts (R3) and serve LoRA
+adapters on CPU.
 
 SGLang 0.5.15 keeps the routed experts it captures (--enable-return-routed-experts) in a host buffer allocated
 with pin_memory=True (sglang/srt/state_capturer/base.py, BaseHostCache), which a CPU-only torch refuses at start:
 "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator is available
 on this system." Pinning only speeds up device-to-host copies, which a CPU engine does not make, so without an
 accelerator the buffer is allocated unpinned; everything else (capture, per-request gather, base64 in meta_info)
-is SGLang's own code.
+is SGLang's own code. LoRA serving (--enable-lora) stops at the same error: SGLang's LoRA manager pins its
+per-batch index tensors and adapter weights (sglang/srt/lora/layers.py, lora.py, backend/torch_backend.py, with
+`pin_memory=True` and `.pin_memory()`), so every LoRAManager method runs with pinning turned into a plain copy.
 
 Second, SGLang's overlap scheduler hands each step's captured experts on as a "device-to-host copy" made with
 `tensor.to("cpu")` (managers/utils.py, _async_d2h), which on CPU is the capture buffer itself, not a copy: the
@@ -31,10 +34,24 @@ from torch.overrides import TorchFunctionMode
 HOST_CACHE_INIT = "sglang.srt.state_capturer.base.BaseHostCache.__init__"
 
 
+LORA_MANAGER = "sglang.srt.lora.lora_manager.LoRAManager"
+# Every LoRAManager method that builds layers, loads or unloads adapters or prepares a batch (all of them pin).
+LORA_METHODS = (
+    "__init__",
+    "load_lora_adapter",
+    "load_lora_adapter_from_tensors",
+    "unload_lora_adapter",
+    "prepare_lora_batch",
+    "update_lora_info",
+)
+
+
 class _Unpinned(TorchFunctionMode):
-    """Tensor factories called inside it allocate unpinned memory."""
+    """Tensor factories called inside it allocate unpinned memory; `Tensor.pin_memory()` returns a plain copy."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.pin_memory:
+            return args[0].clone()  # pinning copies; callers may rely on getting a tensor of their own
         kwargs = dict(kwargs or {})
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
@@ -42,18 +59,21 @@ class _Unpinned(TorchFunctionMode):
 
 
 def unpinned_host_cache(original: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook of BaseHostCache.__init__: its buffer unpinned (no accelerator, no pinned allocator)."""
+    """AROUND hook of BaseHostCache.__init__ and the LoRAManager methods: nothing pinned (no accelerator, no pinned
+    allocator)."""
     with _Unpinned():
         return original(*args, **kwargs)
 
 
 def register_cpu_hooks() -> None:
-    """Register the hook with SGLang's plugin registry when torch has no accelerator (it pins fine elsewhere)."""
+    """Register the hooks with SGLang's plugin registry when torch has no accelerator (it pins fine elsewhere)."""
     if torch.cuda.is_available():
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(HOST_CACHE_INIT, unpinned_host_cache, HookType.AROUND)
+    for method in LORA_METHODS:
+        HookRegistry.register(f"{LORA_MANAGER}.{method}", unpinned_host_cache, HookType.AROUND)
 
 
 register_cpu_hooks()  # at import: in this process and in every spawned SGLang child (see the module docstring)

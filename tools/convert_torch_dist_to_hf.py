@@ -7,9 +7,13 @@ Example:
 one iter_XXXXXXX/ or release/ directory, or a plain torch_dist directory. Only the model weights are read.
 --hf-checkpoint is the original HF directory: the model is built from its config, and its config,
 tokenizer, chat template and generation config are copied next to the new weights, with its multi-token-prediction
-layers (GLM-4.5, DeepSeek-V3, MiMo), which the engine does not train. The layout used
+layers (GLM-4.5, DeepSeek-V3, MiMo) unless the checkpoint holds them (MiMo's, trained with --enable-mtp-training,
+or converted with --mtp-num-layers): those are exported. The layout used
 here may differ from the one the checkpoint was saved with (the model weights are resharded). A
 checkpoint whose tensor shapes do not match the HF config stops the tool naming each tensor.
+A LoRA run's checkpoint (--lora-rank) holds the adapters next to the frozen base; the tool then needs the run's
+--lora-alpha (the checkpoint does not record it) and writes the base with the adapter merged in
+(W + alpha/rank * B A), plus the adapter alone in PEFT format under <save>/lora_adapter/.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from slime_like.core.logs import setup_logging
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool (no heavy import: --help is instant)."""
-    from slime_like.megatron.checkpoint_conversion import add_parallel_arguments
+    from slime_like.megatron.checkpoint_conversion import add_mtp_arguments, add_parallel_arguments
     from slime_like.model_arguments import add_model_arguments
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-shard-size-gb", type=float, default=5.0, help="size of each safetensors file")
     add_parallel_arguments(p)
     add_model_arguments(p)
+    add_mtp_arguments(p)  # accepted as in slime's model files; the checkpoint says whether it holds MTP layers
+    p.add_argument("--lora-alpha", type=float, default=None, help="a LoRA run's --lora-alpha (its checkpoint needs it)")
     return p.parse_args(argv)
 
 
@@ -44,12 +50,22 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from megatron.core import parallel_state
 
+    from slime_like.core.hf_config import load_hf_config
     from slime_like.megatron import checkpoint_conversion as conv
     from slime_like.megatron.checkpoint import load_checkpoint, model_sharded_state_dict
     from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
 
-    bridge, model, ours = conv.prepare_model(args, "convert_torch_dist_to_hf")
+    hf_config = load_hf_config(args.hf_checkpoint)
+    try:  # as prepare_model does, but before --load is read: argument errors come first
+        conv.check_arguments(args, hf_config, int(os.environ.get("WORLD_SIZE", "1")))
+    except conv.ConversionError as exc:
+        sys.exit(f"convert_torch_dist_to_hf: {exc}")
     args.load = _checkpoint_dir(args.load)
+    # MTP layers the checkpoint holds (an --enable-mtp-training run's, or converted with --mtp-num-layers) are
+    # built and exported: their trained weights, not the original's.
+    mtp_layers = conv.mtp_layers_to_build(hf_config, _stored_mtp_layers(args.load))
+    lora = _stored_lora(args.load, args.lora_alpha)
+    bridge, model, ours = conv.prepare_model(args, "convert_torch_dist_to_hf", mtp_layers, lora)
     problems = conv.checkpoint_shape_problems(args.load, model_sharded_state_dict(model))
     if problems:
         sys.exit(
@@ -57,6 +73,13 @@ def main(argv: list[str] | None = None) -> None:
             + "\n  ".join(problems)
         )
     load_checkpoint(args.load, model, weights_only=True)
+    adapter = {}
+    if lora is not None:  # a collective (gathers over TP), before the weights' export
+        from megatron.core.utils import get_model_config
+
+        from slime_like.megatron.lora import PEFT_PREFIX, export_adapter
+
+        adapter = dict(export_adapter(model, bridge.hf_config, get_model_config(model[0])))
     weights = export_hf_weights(bridge, model)
     if torch.distributed.get_rank() != 0:
         for _ in weights:  # the gather over TP/PP/EP ranks is collective
@@ -64,6 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         # Tensors Megatron does not hold (multi-token-prediction layers) are copied from --hf-checkpoint unchanged.
         weights = itertools.chain(weights, untrained_hf_weights(bridge))
+        if lora is not None:
+            from slime_like.megatron.lora import merge_adapter, write_adapter
+
+            merged = {k.removeprefix(PEFT_PREFIX): v for k, v in adapter.items()}
+            weights = merge_adapter(weights, merged, lora.scale, args.load)
+            write_adapter(os.path.join(args.save, "lora_adapter"), adapter, lora, args.hf_checkpoint)
         files = conv.write_safetensors(weights, args.save, int(args.max_shard_size_gb * 1024**3))
         conv.copy_model_files(args.hf_checkpoint, args.save)
         conv.set_config_dtype(args.save, bridge.dtype)
@@ -71,6 +100,41 @@ def main(argv: list[str] | None = None) -> None:
     torch.distributed.barrier()
     if ours:
         parallel_state.destroy_model_parallel()  # the process group stays: callers may convert again
+
+
+def _stored_mtp_layers(directory: str) -> int:
+    """How many MTP layers (mtp.layers.{i}.*) a torch_dist checkpoint holds."""
+    import re
+
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+
+    found = {m.group(1) for key in load_tensors_metadata(directory) if (m := re.match(r"mtp\.layers\.(\d+)\.", key))}
+    return len(found)
+
+
+def _stored_lora(directory: str, alpha: float | None):
+    """The LoraSettings of the adapters a torch_dist checkpoint holds (None without any); exits naming
+    --lora-alpha when they are there and it is not given."""
+    import re
+
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+
+    from slime_like.megatron.lora import LoraSettings
+    from slime_like.megatron.lora_flags import TARGET_PATHS
+
+    pattern = re.compile(r"decoder\.layers\.(?:\d+\.)?(?:self_attention|mlp)\.(linear_\w+)\.lora\.A$")
+    found = {m.group(1): meta for key, meta in load_tensors_metadata(directory).items() if (m := pattern.search(key))}
+    if not found:
+        return None
+    rank = int(next(iter(found.values())).global_shape[-2])  # A is [rank, in] (a layer axis may come first)
+    targets = tuple(t for t in TARGET_PATHS if t in found)
+    if alpha is None:
+        sys.exit(
+            f"convert_torch_dist_to_hf: {directory} holds LoRA adapters (rank {rank} on {','.join(targets)}) next to "
+            "the frozen base: pass the run's --lora-alpha (e.g. --lora-alpha 32) to write the base with the adapter "
+            "merged in (and the adapter in PEFT format under <save>/lora_adapter/)"
+        )
+    return LoraSettings(rank, alpha, targets=targets)
 
 
 def _checkpoint_dir(load: str) -> str:

@@ -37,8 +37,32 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--bf16", action="store_true", help="build the model in bf16 (default fp32)")
 
 
+def add_mtp_arguments(parser: argparse.ArgumentParser) -> None:
+    """--mtp-num-layers, as in slime's model files: the torch_dist checkpoint holds the MTP layers then."""
+    from slime_like.megatron.flags import MTP_TRAINED_FAMILIES
+
+    parser.add_argument(
+        "--mtp-num-layers",
+        type=int,
+        default=None,
+        help=f"the HF config's num_nextn_predict_layers: for {', '.join(MTP_TRAINED_FAMILIES)} the MTP layers are "
+        "built and converted (--enable-mtp-training trains them); for other families they pass through unchanged",
+    )
+
+
+def mtp_layers_to_build(hf_config: Any, mtp_num_layers: int | None) -> int:
+    """How many MTP layers the tools build: the given count where the engine trains this family's MTP layers."""
+    from slime_like.megatron.flags import MTP_TRAINED_FAMILIES
+
+    trained = getattr(hf_config, "model_type", None) in MTP_TRAINED_FAMILIES
+    return (mtp_num_layers or 0) if trained else 0
+
+
 def layout_problems(args: argparse.Namespace, hf_config: Any, world_size: int) -> list[str]:
     """One message per parallel size the HF config or the process count cannot take."""
+    from slime_like.model_arguments import text_config
+
+    hf_config = text_config(hf_config)  # Qwen3.5: the language model's sizes
     tp, pp, ep = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size
     problems = []
     if world_size % (tp * pp):
@@ -78,8 +102,9 @@ def check_arguments(args: argparse.Namespace, hf_config: Any, world_size: int) -
         raise ConversionError("the Megatron arguments do not match the HF config:\n  " + "\n  ".join(problems))
 
 
-def prepare_model(args: argparse.Namespace, tool: str) -> tuple[Any, list, bool]:
-    """Check the tool's arguments (exit naming the problem), start the parallel world, build the model unwrapped.
+def prepare_model(args: argparse.Namespace, tool: str, mtp_layers: int = 0, lora: Any = None) -> tuple[Any, list, bool]:
+    """Check the tool's arguments (exit naming the problem), start the parallel world, build the model unwrapped
+    (with `mtp_layers` MTP layers: slime_like/megatron/mtp.py; with `lora`, a LoraSettings, LoRA adapters).
 
     Returns the bridge, the model chunks, and whether this call created the parallel state (so the tool
     tears it down again; a caller's world of the same sizes is left alone).
@@ -107,6 +132,25 @@ def prepare_model(args: argparse.Namespace, tool: str) -> tuple[Any, list, bool]
     )
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bridge = make_bridge(args.hf_checkpoint, dtype, args.make_vocab_size_divisible_by)
+    if mtp_layers:
+        from slime_like.megatron.mtp import enable_mtp
+
+        try:
+            enable_mtp(bridge, mtp_layers, 0.2)  # the loss factor plays no part in a conversion
+        except ValueError as exc:
+            sys.exit(f"{tool}: {exc}")
+    if lora is not None:  # a LoRA run's checkpoint holds adapters next to the frozen base (lora.py)
+        from functools import partial
+
+        from slime_like.megatron.lora import check_supported, lora_callback
+        from slime_like.megatron.model import uses_transformer_engine
+
+        try:
+            pp, tp = args.pipeline_model_parallel_size, args.tensor_model_parallel_size
+            check_supported(pp, False, uses_transformer_engine(bridge), tp, 0.0)
+        except ValueError as exc:
+            sys.exit(f"{tool}: the checkpoint holds LoRA adapters: {exc}")
+        bridge.get_model = partial(bridge.get_model, post_model_creation_callbacks=[lora_callback(lora)])
     return bridge, build_model(bridge, wrap_with_ddp=False), ours
 
 

@@ -24,10 +24,10 @@ def probe_tokens(vocab_size: int, length: int = PROBE_LENGTH, seed: int = 0) -> 
     return torch.randint(0, vocab_size, (length,), generator=g).tolist()
 
 
-def served_logprobs(url: str, tokens: list[int], timeout: float = 60.0) -> torch.Tensor:
-    """The server's log-prob of every token after the first."""
+def served_logprobs(url: str, tokens: list[int], timeout: float = 60.0, lora_path: str | None = None) -> torch.Tensor:
+    """The server's log-prob of every token after the first (under the LoRA adapter `lora_path` when given)."""
     try:
-        return torch.tensor(client.prompt_logprobs(url, tokens, timeout), dtype=torch.float32)
+        return torch.tensor(client.prompt_logprobs(url, tokens, timeout, lora_path), dtype=torch.float32)
     except EngineError as exc:
         raise WeightUpdateError(f"the weight check's probe failed: {exc}") from exc
 
@@ -63,12 +63,14 @@ def check_servers(engine: Any, server_urls: list[str], tolerance: float, rank: i
     """
     tokens = probe_tokens(engine.bridge.hf_config.vocab_size)
     expected = trainer_logprobs(engine, tokens)
+    # A LoRA trainer's policy is the base plus its adapter: the servers serve it under the adapter's name.
+    lora_path = client.LORA_ADAPTER_NAME if getattr(engine, "lora", None) is not None else None
     verdict: tuple[float, str | None] = (0.0, None)
     if rank == 0:
         worst, problem = 0.0, None
         for url in server_urls:
             try:
-                diff = float((served_logprobs(url, tokens) - expected).abs().max())
+                diff = float((served_logprobs(url, tokens, lora_path=lora_path) - expected).abs().max())
             except WeightUpdateError as exc:
                 worst, problem = float("inf"), str(exc)
                 break

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from rollout.context import current_context
+from rollout.generate import with_adapter
 from slime_like.core.secret import auth_headers, same_origin
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,11 @@ async def _send(
 async def post(
     url: str, payload: dict[str, Any] | None, max_retries: int = 60, headers: dict[str, str] | None = None
 ) -> Any:
-    """POST JSON; the JSON answer (its text if not JSON). Any failure is retried after 1 s, `max_retries` tries in all."""
+    """POST JSON; the JSON answer (its text if not JSON). Any failure is retried after 1 s, `max_retries` tries in all.
+    In a LoRA run a /generate names the policy's adapter, as the built-in generate does."""
+    ctx = current_context()
+    if ctx is not None and url.endswith("/generate") and isinstance(payload, dict):
+        payload = with_adapter(ctx.args, payload)
     for attempt in range(1, max_retries + 1):
         try:
             return await _request("POST", url, payload, headers)

@@ -1,0 +1,187 @@
+"""Benchmark: a LoRA adapter update vs the full-weight update, bytes and seconds; prints figures, asserts nothing.
+
+    .venv/bin/python scripts/bench/bench_lora_update.py                 # ~400 MB fp32 model, rank 16, all-linear
+    .venv/bin/python scripts/bench/bench_lora_update.py --num-layers 2 --repeats 2
+
+The model is bench_weights.py's (tools/make_tiny_model.py: Qwen3, hidden 1024, ffn 3072, 8 layers, untied, fp32),
+loaded into a one-rank Megatron engine with LoRA adapters on it (B drawn at random, so the served policy is not the
+base). One fp32 SGLang server serves the base with LoRA enabled (on CPU the torch_native LoRA backend), and the same
+run times, best of --repeats after a warm-up:
+- the full-weight update with each --transports kind (the whole HF model, as a full-weight run sends it),
+- the LoRA update (weights/lora.py: write the PEFT adapter, unload and load it by version on the server).
+Each row gives the bytes moved, the whole update (pause, flush, send, version tag, continue) and the data path
+alone (the transport's send); the last column is the full update's seconds over the LoRA update's (goal >= 20).
+Two more rows price the LoRA update's parts: "protocol only" is the update with nothing sent (pause, flush, version
+tag, continue: the floor of any update), and the LoRA send split into writing the PEFT directory, the unload and
+the load (best of --repeats each). At the end the served log-probs under the adapter are compared with the
+trainer's (a sanity check of the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+GOAL = 20.0  # full update seconds / LoRA update seconds
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments of the benchmark (the model sizes are bench_weights.py's)."""
+    from bench_weights import parse_args as weights_args
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="an HF directory to use instead of making one")
+    p.add_argument("--hidden-size", type=int, default=1024)
+    p.add_argument("--ffn-hidden-size", type=int, default=3072)
+    p.add_argument("--num-layers", type=int, default=8)
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-alpha", type=float, default=32.0)
+    p.add_argument("--target-modules", default="all-linear")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--transports", nargs="+", default=["distributed", "tensor", "disk"], help="full-weight kinds")
+    p.add_argument("--bucket-mb", type=int, default=512, help="--update-weight-buffer-size in MiB (full updates)")
+    args = p.parse_args(argv)
+    defaults = weights_args([])  # head counts and anything else make_model reads
+    for key, value in vars(defaults).items():
+        setattr(args, key, getattr(args, key, value))
+    return args
+
+
+def best_update(channel, export, repeats: int, version: list[int]) -> tuple[float, float]:
+    """Best of `repeats` whole updates and of `repeats` bare sends, after one warm-up update."""
+    full = send = float("inf")
+    for i in range(repeats + 1):
+        version[0] += 1
+        start = time.perf_counter()
+        channel.update(export(), version[0])
+        if i:
+            full = min(full, time.perf_counter() - start)
+    for _ in range(repeats):
+        version[0] += 1
+        start = time.perf_counter()
+        channel.send(export(), version[0])
+        send = min(send, time.perf_counter() - start)
+    return full, send
+
+
+def protocol_only(urls: list[str]):
+    """A transport that sends nothing: its update is the protocol alone."""
+    from slime_like.weights.base import WeightTransport
+
+    class Nothing(WeightTransport):
+        name = "nothing"
+
+        def send(self, named_tensors, version: int) -> None:
+            """Send nothing."""
+
+    return Nothing(urls, bucket_bytes=0, timeout_s=600)
+
+
+def lora_parts(lora, export, repeats: int) -> dict[str, float]:
+    """Best seconds of the LoRA send's parts: write the PEFT directory, unload the adapter, load it."""
+    from rollout import sglang_client as client
+    from slime_like.megatron.lora import write_adapter
+
+    url, best = lora.server_urls[0], {"write": float("inf"), "unload": float("inf"), "load": float("inf")}
+    target = lora.directory / "parts"
+    for _ in range(repeats):
+        start = time.perf_counter()
+        write_adapter(target, dict(export()), lora.settings, lora.base_model)
+        best["write"] = min(best["write"], time.perf_counter() - start)
+        start = time.perf_counter()
+        client.unload_lora_adapter(url, lora.adapter_name, 600)
+        best["unload"] = min(best["unload"], time.perf_counter() - start)
+        start = time.perf_counter()
+        client.load_lora_adapter(url, lora.adapter_name, str(target), 600)
+        best["load"] = min(best["load"], time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Make the model, start one LoRA-enabled server, time the full and the LoRA updates, print the table."""
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    from bench_weights import make_model, transport
+
+    from rollout import sglang_client as client
+    from rollout.sglang_server import SGLangServer
+    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.megatron.lora import LoraSettings
+    from slime_like.megatron.lora_flags import resolve_targets, sglang_lora_flags
+    from slime_like.megatron.parallel import destroy_parallel, init_parallel
+    from slime_like.weights.check import probe_tokens, served_logprobs, trainer_logprobs
+    from slime_like.weights.lora import LoraTransport
+
+    targets = resolve_targets(args.target_modules)
+    settings = LoraSettings(args.lora_rank, args.lora_alpha, targets=targets)
+    with tempfile.TemporaryDirectory(prefix="bench_lora_") as tmp:
+        work = Path(tmp)
+        model = Path(args.model) if args.model else make_model(args, work / "model")
+        init_parallel()
+        engine = MegatronTrainEngine(model, optimizer=None, lora=settings)
+        with torch.no_grad():  # a trained-looking adapter: B != 0, so the served policy differs from the base
+            g = torch.Generator().manual_seed(0)
+            for name, param in engine.model[0].named_parameters():
+                if name.endswith(".lora.B"):
+                    param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+        full_bytes = sum(t.numel() * t.element_size() for _, t in engine.export_hf_weights())
+        lora_bytes = sum(t.numel() * t.element_size() for _, t in engine.export_adapter())
+        server = SGLangServer(
+            model,
+            dtype="float32",
+            extra_args=sglang_lora_flags(settings.rank, targets),
+            log_dir=work / "logs",
+            startup_timeout=600,
+        )
+        version = [0]
+        print(
+            f"model: {model} ({full_bytes / 1e6:.0f} MB fp32), LoRA rank {settings.rank} alpha {settings.alpha:g} on "
+            f"{','.join(targets)} ({lora_bytes / 1e6:.2f} MB of adapter tensors), one server, best of "
+            f"{args.repeats}, {torch.get_num_threads()} torch thread(s)"
+        )
+        try:
+            server.start()
+            url = server.url
+            rows = []
+            for kind in args.transports:
+                channel = transport(kind, [url], args.bucket_mb * 1024**2, model, work / "disk")
+                try:
+                    rows.append((f"full/{kind}", full_bytes, *best_update(channel, engine.export_hf_weights,
+                                                                          args.repeats, version)))  # fmt: skip
+                finally:
+                    channel.close()
+            lora = LoraTransport([url], settings, str(model), work / "lora", timeout_s=600)
+            lora_full, lora_send = best_update(lora, engine.export_adapter, args.repeats, version)
+            rows.append(("lora", lora.bytes_sent, lora_full, lora_send))
+            rows.append(("protocol only", 0, *best_update(protocol_only([url]), lambda: [], args.repeats, version)))
+            print(f"{'update':<18}{'MB moved':>10}{'update s':>10}{'send s':>9}{'/ lora':>11}")
+            for name, nbytes, full, send in rows:
+                ratio = full / lora_full
+                mark = (
+                    "" if not name.startswith("full") else ("  goal met" if ratio >= GOAL else f"  goal >= {GOAL:g}x")
+                )
+                print(f"{name:<18}{nbytes / 1e6:>10.2f}{full:>10.4f}{send:>9.4f}{ratio:>10.1f}x{mark}")
+            parts = lora_parts(lora, engine.export_adapter, args.repeats)
+            print("lora send parts (best s): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()))
+            print(f"lora bytes moved: the PEFT directory on disk ({lora.bytes_sent} B; q/k/v and gate/up each repeat "
+                  f"the shared A); full: the exported HF tensors ({full_bytes} B)")  # fmt: skip
+            probe = probe_tokens(engine.bridge.hf_config.vocab_size)
+            served = served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME)
+            worst = float((served - trainer_logprobs(engine, probe)).abs().max())
+            moved = float((served - served_logprobs(url, probe)).abs().max())
+            print(f"check: served under the adapter vs trainer {worst:.2g}; adapter vs base {moved:.2g}")
+        finally:
+            server.stop()
+            destroy_parallel()
+
+
+if __name__ == "__main__":
+    main()

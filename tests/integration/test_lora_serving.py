@@ -1,0 +1,109 @@
+"""LoRA serving: an SGLang server (CPU: torch_native LoRA backend) holds the base and the trainer's adapter; each
+update swaps in the new adapter version, and the served log-probs under it equal the Megatron LoRA trainer's.
+Two named adapters load side by side, and one batch serves each request under the adapter it names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollout import sglang_client as client
+from rollout.sglang_server import SGLangServer
+from slime_like.megatron.lora_flags import sglang_lora_flags
+from slime_like.weights.check import check_servers, probe_tokens, served_logprobs, trainer_logprobs
+from slime_like.weights.lora import LoraTransport
+
+RANK, ALPHA, TARGETS = 4, 8.0, ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+TOLERANCE = 1e-4  # fp32 on both sides
+SEQUENCE = [287, 285, 224, 20, 21, 295, 224, 22, 23, 24, 34, 290, 29, 224, 22, 24, 26]
+
+
+@pytest.fixture(scope="module")
+def lora_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
+    """A float32 server on the tiny Qwen3 with two slots for rank-4 adapters on every linear layer."""
+    flags = sglang_lora_flags(RANK, TARGETS, adapters=2)
+    server = SGLangServer(tiny_qwen3, dtype="float32", extra_args=flags, log_dir=tmp_path_factory.mktemp("l"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tmp_path) -> None:
+    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.megatron.lora import LoraSettings
+    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.megatron.parallel import init_parallel
+
+    init_parallel(tp=1, pp=1, seed=1234)
+    settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
+    engine = MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False), lora=settings)
+    url = lora_server.url
+    transport = LoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora")
+    probe = probe_tokens(engine.bridge.hf_config.vocab_size)
+    base = served_logprobs(url, probe)
+
+    transport.update(engine.export_adapter(), 0)  # the first adapter (B = 0) serves the base's log-probs
+    assert client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: str(tmp_path / "lora" / "v0")}
+    assert check_servers(engine, [url], TOLERANCE, 0, "after version 0") < TOLERANCE
+    assert float((served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME) - base).abs().max()) < TOLERANCE
+
+    seq = torch.tensor(SEQUENCE)
+    for version in (1, 2):
+        loss = lambda lps, data: -sum(lp.sum() for lp in lps) / (len(SEQUENCE) - 1)  # noqa: E731
+        engine.train_step([seq], [None], loss)
+        transport.update(engine.export_adapter(), version)
+        worst = check_servers(engine, [url], TOLERANCE, 0, f"after version {version}")
+        assert worst < TOLERANCE, worst
+        assert client.weight_version(url) == str(version)
+        assert client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: str(tmp_path / "lora" / f"v{version}")}
+    served = served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME)
+    torch.testing.assert_close(served, trainer_logprobs(engine, probe), atol=TOLERANCE, rtol=0)
+    assert float((served - base).abs().max()) > 1e-2  # the adapter moved the policy; the base is still served
+    assert float((served_logprobs(url, probe) - base).abs().max()) < TOLERANCE
+    # Generation names the adapter; the update sent the adapter's bytes only.
+    answer = client.generate(url, SEQUENCE, {"max_new_tokens": 4, "temperature": 0}, lora_path="policy")
+    assert len(answer["output_ids"]) == 4
+    full = sum(p.stat().st_size for p in Path(tiny_qwen3).glob("*.safetensors"))
+    assert 0 < transport.bytes_sent < full / 4, (transport.bytes_sent, full)
+    print(f"adapter update: {transport.bytes_sent} bytes; full weights: {full} bytes; served vs trainer {worst:.2g}")
+
+
+def test_two_adapters_serve_side_by_side_in_one_batch(lora_server, tiny_qwen3, tmp_path) -> None:
+    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.megatron.lora import LoraSettings, write_adapter
+    from slime_like.megatron.parallel import init_parallel
+
+    init_parallel(tp=1, pp=1, seed=1234)
+    settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
+    engine = MegatronTrainEngine(tiny_qwen3, None, lora=settings)
+    url, probe, names = lora_server.url, probe_tokens(engine.bridge.hf_config.vocab_size), ("task_a", "task_b")
+    base = served_logprobs(url, probe)
+    expected = {}
+    for seed, name in enumerate(names):  # two different adapters (random B) on one base
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(seed)
+            for param_name, param in engine.model[0].named_parameters():
+                if param_name.endswith(".lora.B"):
+                    param.copy_(torch.randn(param.shape, generator=g) * 0.05)
+        expected[name] = trainer_logprobs(engine, probe)
+        client.load_lora_adapter(url, name, str(write_adapter(tmp_path / name, dict(engine.export_adapter()),
+                                                              settings, str(tiny_qwen3))))  # fmt: skip
+    try:
+        assert {n: p for n, p in client.lora_adapters(url).items() if n in names} == {
+            n: str(tmp_path / n) for n in names
+        }
+        # Concurrent requests (one batch on the server): each is served under the adapter it names, or the base.
+        with ThreadPoolExecutor(3) as pool:
+            futures = {n: pool.submit(served_logprobs, url, probe, lora_path=n) for n in (*names, None)}
+        for name in names:
+            torch.testing.assert_close(futures[name].result(), expected[name], atol=TOLERANCE, rtol=0)
+        torch.testing.assert_close(futures[None].result(), base, atol=TOLERANCE, rtol=0)
+        assert float((expected["task_a"] - expected["task_b"]).abs().max()) > 1e-2
+    finally:
+        for name in names:
+            client.unload_lora_adapter(url, name)
