@@ -1,4 +1,8 @@
-"""Finished groups -> training data columns (the trainer computes advantages; the engine splits over DP)."""
+"""Finished groups -> training data columns, and their split into one share per data-parallel rank.
+
+The rollout side splits (split_by_dp): each trainer rank fetches only its share's tokens, masks and log-probs,
+plus the rollout-wide scalars (rewards, group ids, lengths) that group advantages and checks need.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,93 @@ class TrainData:
     def num_tokens(self) -> int:
         """Total tokens (prompt + response) over all rows."""
         return sum(len(t) for t in self.tokens)
+
+
+@dataclass
+class RolloutScalars:
+    """One scalar per sample of the whole rollout, in rollout order: what every rank needs beyond its own rows."""
+
+    raw_rewards: list[float]
+    group_ids: list[int]
+    response_lengths: list[int]
+    reward_normalized: list[bool]
+    sample_indices: list[int]
+    # Whether each sample has SGLang's log-probs, a teacher's log-probs, routed experts: checks fail alike on
+    # every rank (a rank that raised alone would leave the others waiting in a collective).
+    has_rollout_log_probs: list[bool]
+    has_teacher_log_probs: list[bool]
+    has_routed_experts: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.raw_rewards)
+
+
+@dataclass
+class RankShare:
+    """One data-parallel rank's rows of a rollout: its own per-token data and the rollout-wide scalars."""
+
+    data: TrainData  # this rank's rows, in rollout order
+    rows: list[int]  # their positions in the rollout
+    steps: list[list[int]]  # per optimizer step, the indices into `data` of this rank's rows of that step
+    step_bounds: list[tuple[int, int]]  # per optimizer step, its [begin, end) rows of the rollout
+    rollout: RolloutScalars
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def balanced_split(lengths: list[int], parts: int) -> list[list[int]]:
+    """Deterministic token-balanced partition of indices into `parts` (each in input order).
+
+    Longest first, each to the part with the fewest tokens so far (ties: fewest sequences, lowest part).
+    With fewer sequences than parts some are empty.
+    """
+    shares: list[list[int]] = [[] for _ in range(parts)]
+    tokens = [0] * parts
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        part = min(range(parts), key=lambda r: (tokens[r], len(shares[r]), r))
+        shares[part].append(i)
+        tokens[part] += lengths[i]
+    return [sorted(s) for s in shares]
+
+
+def rollout_scalars(data: TrainData) -> RolloutScalars:
+    """The rollout-wide scalar columns of `data`."""
+    n = len(data)
+    teacher = data.teacher_log_probs or [None] * n
+    routed = data.rollout_routed_experts or [None] * n
+    return RolloutScalars(
+        raw_rewards=list(data.raw_rewards),
+        group_ids=list(data.group_ids),
+        response_lengths=list(data.response_lengths),
+        reward_normalized=list(data.reward_normalized) or [False] * n,
+        sample_indices=list(data.sample_indices),
+        has_rollout_log_probs=[r is not None for r in data.rollout_log_probs] or [False] * n,
+        has_teacher_log_probs=[t is not None for t in teacher],
+        has_routed_experts=[r is not None for r in routed],
+    )
+
+
+def split_by_dp(data: TrainData, dp_size: int, global_batch_size: int, multiple: int = 1) -> list[RankShare]:
+    """One share per data-parallel rank: each optimizer step (`global_batch_size` consecutive rows) is split
+    token-balanced over the ranks, lengths rounded up to `multiple` (the padding the trainer's layout adds)."""
+    if dp_size < 1 or global_batch_size < 1:
+        raise ValueError(f"split_by_dp: dp_size {dp_size} and global_batch_size {global_batch_size} must be >= 1")
+    scalars = rollout_scalars(data)
+    mine: list[list[int]] = [[] for _ in range(dp_size)]  # rollout rows of each rank
+    steps: list[list[list[int]]] = [[] for _ in range(dp_size)]
+    bounds = [(b, min(b + global_batch_size, len(data))) for b in range(0, len(data), global_batch_size)]
+    for begin, end in bounds:
+        lengths = [-(-len(data.tokens[i]) // multiple) * multiple for i in range(begin, end)]
+        for rank, part in enumerate(balanced_split(lengths, dp_size)):
+            steps[rank].append(list(range(len(mine[rank]), len(mine[rank]) + len(part))))
+            mine[rank].extend(begin + i for i in part)
+    return [
+        RankShare(data.select(mine[r]), mine[r], steps[r], bounds, scalars, dp_rank=r, dp_size=dp_size)
+        for r in range(dp_size)
+    ]
 
 
 def trainable(sample: Sample) -> bool:

@@ -7,7 +7,6 @@ from typing import Any
 
 import ray
 
-from buffer.train_data import TrainData
 from slime_like.actor import TrainActor
 from slime_like.megatron import checkpoint_layout as layout
 from slime_like.placement import Placement
@@ -51,6 +50,7 @@ class TrainGroup:
         self.lost_rank: int | None = None  # a rank that died: the others cannot be shut down cleanly
         self._pids: list[int | None] = [None] * len(placement.trainer)
         self._pings: dict[int, ray.ObjectRef] = {}  # one liveness ping in flight per rank (check_alive)
+        self._dp_ranks: list[int] | None = None  # each rank's data-parallel rank (data_parallel)
         # torch.distributed's rendezvous: a free port on the node of rank 0, at the address that node registered.
         probe = _RankInfo.options(**placement.trainer_options(0, num_cpus=0.01, num_gpus=0)).remote()
         addr, port = ray.get(probe.address.remote())
@@ -140,10 +140,21 @@ class TrainGroup:
         self._pids = self._gather([a.pid.remote() for a in self.actors], "trainer ranks started")
         return list(self._pids)
 
-    def train(self, rollout_id: int, data: TrainData) -> dict[str, float]:
-        """One rollout's optimizer steps on every rank."""
-        ref = ray.put(data)
-        return self._all("train", rollout_id, ref)
+    def data_parallel(self) -> tuple[int, int]:
+        """(DP size, the length multiple the ranks' packing pads to): how a rollout is split for them."""
+        layouts = self._gather([a.data_parallel.remote() for a in self.actors], "trainer ranks reported their DP rank")
+        self._dp_ranks = [dp_rank for dp_rank, _, _ in layouts]
+        return layouts[0][1], layouts[0][2]
+
+    def train(self, rollout_id: int, shares: list[ray.ObjectRef]) -> dict[str, float]:
+        """One rollout's optimizer steps on every rank; each rank is handed the ref of its DP rank's share, which
+        Ray fetches onto that rank's node alone (the driver never holds the data)."""
+        if self._dp_ranks is None:
+            self.data_parallel()
+        if len(shares) != max(self._dp_ranks) + 1:
+            raise ValueError(f"{len(shares)} rollout shares for {max(self._dp_ranks) + 1} data-parallel ranks")
+        refs = [a.train.remote(rollout_id, shares[d]) for a, d in zip(self.actors, self._dp_ranks, strict=True)]
+        return self._gather(refs, "trainer ranks ran train")[0]
 
     def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
         """Push weights into the servers; returns seconds taken on rank 0."""

@@ -9,6 +9,9 @@ With --use-opd every estimator's (and a custom one's) advantages also take the t
 (opd.py). With --normalize-advantages the result is then whitened over all loss-masked tokens of the rollout
 (REINFORCE++ always is). Rewards arrive with DAPO's overlong penalty already added.
 
+A data-parallel rank holds only its share of the rollout (RolloutScope): group baselines are taken from every
+sample's reward (one scalar per sample, shipped with the share), whitening sums are gathered over the ranks.
+
 A custom estimator (--custom-advantage-function-path pkg.module.fn) has the signature
     fn(args: argparse.Namespace, inputs: AdvantageInputs) -> list[torch.Tensor] | Advantages
 returning one float tensor of response length per sample (advantage 0 where the loss mask is 0).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,8 +31,8 @@ from slime_like.algorithms.kl import kl_estimate
 from slime_like.algorithms.names import ESTIMATORS
 from slime_like.algorithms.opd import opd_advantages
 from slime_like.algorithms.ppo import gae
-from slime_like.algorithms.reinforce_pp import reinforce_pp_advantages
-from slime_like.algorithms.returns import masked_whiten, shaped_token_rewards
+from slime_like.algorithms.reinforce_pp import group_centred, reinforce_pp_advantages
+from slime_like.algorithms.returns import RowGather, _whole, masked_whiten, shaped_token_rewards
 from slime_like.algorithms.rloo import rloo_advantages
 
 
@@ -47,6 +51,16 @@ class AdvantageInputs:
     # reinforce_plus_plus_baseline skips its group baseline (what slime's post-process replaces).
     rewards_normalized: bool = False
     teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd: the teacher's, of the sampled tokens
+
+
+@dataclass
+class RolloutScope:
+    """Where AdvantageInputs' samples sit when they are one data-parallel rank's share of the rollout."""
+
+    rows: list[int]  # the inputs' samples' positions in the rollout
+    rewards: list[float]  # every sample's reward (with the overlong penalty), in rollout order
+    group_ids: list[int]  # every sample's group
+    gather: RowGather  # per-row values of this rank's rows -> those of every row, in rollout order
 
 
 @dataclass
@@ -71,14 +85,20 @@ def _kls(inputs: AdvantageInputs, kl_coef: float) -> list[torch.Tensor] | None:
     return [kl_estimate(lp, ref, "k1") for lp, ref in zip(inputs.log_probs, inputs.ref_log_probs, strict=True)]
 
 
-def compute_advantages(args: Any, inputs: AdvantageInputs, custom: Callable[..., Any] | None = None) -> Advantages:
-    """Advantages (and ppo returns) of one rollout for --advantage-estimator, or the custom hook's."""
+def compute_advantages(
+    args: Any, inputs: AdvantageInputs, custom: Callable[..., Any] | None = None, scope: RolloutScope | None = None
+) -> Advantages:
+    """Advantages (and ppo returns) of one rollout for --advantage-estimator, or the custom hook's (which sees
+    the whole rollout: no scope). With a scope the inputs are one rank's share of the rollout."""
     masks = inputs.loss_masks
+    if custom is not None and scope is not None:
+        raise ValueError("a custom advantage function takes the whole rollout, not a rank's share")
+    gather = scope.gather if scope is not None else _whole
     if custom is not None:
         out = custom(args, inputs)
         result = out if isinstance(out, Advantages) else Advantages(list(out))
     else:
-        result = _builtin(args, inputs)
+        result = _builtin(args, inputs, scope)
     if getattr(args, "use_opd", False):
         if inputs.teacher_log_probs is None:
             raise ValueError(
@@ -90,24 +110,37 @@ def compute_advantages(args: Any, inputs: AdvantageInputs, custom: Callable[...,
             result.advantages, inputs.log_probs, inputs.teacher_log_probs, masks, args.opd_kl_coef
         )
     if args.normalize_advantages and not args.advantage_estimator.startswith("reinforce_plus_plus"):
-        result.advantages = masked_whiten(result.advantages, masks)
+        result.advantages = masked_whiten(result.advantages, masks, gather=gather)
     return result
 
 
-def _builtin(args: Any, inputs: AdvantageInputs) -> Advantages:
+def _by_group(
+    fn: Callable[[list[float], list[int]], list[float]], inputs: AdvantageInputs, scope: RolloutScope | None
+) -> list[float]:
+    """fn(rewards, group_ids) of the inputs' samples, computed over their whole groups (the rollout's, with a
+    scope: a group may span ranks)."""
+    if scope is None:
+        return fn(inputs.rewards, inputs.group_ids)
+    every = fn(scope.rewards, scope.group_ids)
+    return [every[r] for r in scope.rows]
+
+
+def _builtin(args: Any, inputs: AdvantageInputs, scope: RolloutScope | None = None) -> Advantages:
     name, masks, rewards = args.advantage_estimator, inputs.loss_masks, inputs.rewards
+    gather = scope.gather if scope is not None else _whole
     # --disable-rewards-normalization (slime's rewards_normalization False): the rewards go in as they are.
     raw = inputs.rewards_normalized or not getattr(args, "rewards_normalization", True)
     if name in ("grpo", "gspo", "cispo"):
         use_std = not args.disable_grpo_std_normalization
-        scalars = rewards if raw else grpo_advantages(rewards, inputs.group_ids, use_std)
+        scalars = rewards if raw else _by_group(partial(grpo_advantages, use_std=use_std), inputs, scope)
         return Advantages(_broadcast(scalars, masks))
     if name == "rloo":
-        return Advantages(_broadcast(rloo_advantages(rewards, inputs.group_ids), masks))
+        return Advantages(_broadcast(_by_group(rloo_advantages, inputs, scope), masks))
     kls = _kls(inputs, args.kl_coef)
     if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        groups = inputs.group_ids if name == "reinforce_plus_plus_baseline" and not raw else None
-        advantages, returns = reinforce_pp_advantages(rewards, masks, kls, args.kl_coef, args.gamma, groups)
+        if name == "reinforce_plus_plus_baseline" and not raw:
+            rewards = _by_group(group_centred, inputs, scope)  # the group baseline, before the token returns
+        advantages, returns = reinforce_pp_advantages(rewards, masks, kls, args.kl_coef, args.gamma, gather=gather)
         return Advantages(advantages, returns)
     if name == "ppo":
         if inputs.values is None:

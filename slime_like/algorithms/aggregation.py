@@ -10,8 +10,8 @@ have at least one loss token and N = sum_it m_it, each mode is sum_it c_it * m_i
                                                      generation budget --rollout-max-response-len;
                                                      Liu et al., 2025, "Understanding R1-Zero-Like
                                                      Training: A Critical Perspective", arXiv:2503.20783)
-The coefficients are computed on the whole step's batch (every rank holds it), so each micro-batch's
-share sum_t c_it * m_it * l_it adds up to the same objective whatever the data-parallel split.
+B and N are counted over the whole step (each data-parallel rank passes the step's totals with its own rows), so
+each micro-batch's share sum_t c_it * m_it * l_it adds up to the same objective whatever the data-parallel split.
 """
 
 from __future__ import annotations
@@ -21,12 +21,19 @@ import torch
 from slime_like.algorithms.names import AGG_MODES
 
 
-def token_weights(masks: list[torch.Tensor], mode: str, max_response_len: int | None = None) -> list[torch.Tensor]:
-    """Per-token coefficients c_it * m_it of one step's sequences for the aggregation `mode`."""
+def token_weights(
+    masks: list[torch.Tensor],
+    mode: str,
+    max_response_len: int | None = None,
+    totals: tuple[int, float] | None = None,
+) -> list[torch.Tensor]:
+    """Per-token coefficients c_it * m_it of one step's sequences for the aggregation `mode`; `totals` are the
+    step's (B, N) when `masks` are only part of it (this rank's rows), else they are counted from `masks`."""
     counts = [float(m.sum()) for m in masks]
-    num_seqs = max(1, sum(c > 0 for c in counts))
+    seqs, tokens = totals if totals is not None else (sum(c > 0 for c in counts), sum(counts))
+    num_seqs = max(1, seqs)
     if mode == "token-mean":
-        total = max(1.0, sum(counts))
+        total = max(1.0, tokens)
         return [m / total for m in masks]
     if mode == "seq-mean-token-sum":
         return [m / num_seqs for m in masks]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from slime_like.algorithms.grpo import by_group, normalize_group_rewards
-from slime_like.algorithms.returns import discounted_returns, masked_whiten, shaped_token_rewards
+from slime_like.algorithms.returns import RowGather, _whole, discounted_returns, masked_whiten, shaped_token_rewards
 
 
 def group_centred(rewards: list[float], group_ids: list[int]) -> list[float]:
@@ -32,12 +32,14 @@ def reinforce_pp_advantages(
     kl_coef: float,
     gamma: float,
     group_ids: list[int] | None = None,
+    gather: RowGather = _whole,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(whitened advantages, raw returns) per sample; with group_ids it is REINFORCE++-baseline."""
+    """(whitened advantages, raw returns) per sample; with group_ids it is REINFORCE++-baseline (rewards already
+    centred by group are passed without). `gather` collects every rank's row sums for the whitening."""
     if group_ids is not None:
         rewards = group_centred(rewards, group_ids)
     returns = [
         discounted_returns(shaped_token_rewards(r, m, None if kls is None else kls[i], kl_coef), m, gamma)
         for i, (r, m) in enumerate(zip(rewards, masks, strict=True))
     ]
-    return masked_whiten(returns, masks), returns
+    return masked_whiten(returns, masks, gather=gather), returns

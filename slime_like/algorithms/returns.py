@@ -9,11 +9,14 @@ Only loss-masked tokens are actions: tokens a tool or user wrote in a multi-turn
 get no reward, no KL and advantage 0, and the recursion runs over the action tokens in order.
 
 Whitening (advantage normalisation) uses the mean and population variance over all loss-masked
-tokens of the whole rollout: (A - mean) / sqrt(var + 1e-8). Every trainer rank holds the whole
-rollout, so the statistics are global without any communication between data-parallel ranks.
+tokens of the whole rollout: (A - mean) / sqrt(var + 1e-8). A data-parallel rank holds only its share of the
+rollout: its per-row sums are gathered into rollout order (one all-reduce each), so every rank adds the same
+numbers in the same order as one process holding the whole rollout would.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -42,10 +45,20 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
     return returns
 
 
-def masked_whiten(values: list[torch.Tensor], masks: list[torch.Tensor], eps: float = 1e-8) -> list[torch.Tensor]:
-    """(v - mean) / sqrt(var + eps) over all masked tokens of all rows; masked-out tokens get 0."""
-    count = max(1.0, sum(float(m.sum()) for m in masks))
-    mean = sum(float((v * m).sum()) for v, m in zip(values, masks, strict=True)) / count
-    var = sum(float((((v - mean) ** 2) * m).sum()) for v, m in zip(values, masks, strict=True)) / count
+RowGather = Callable[[list[float]], list[float]]  # per-row values of this rank's rows -> of every rollout row
+
+
+def _whole(rows: list[float]) -> list[float]:
+    return rows
+
+
+def masked_whiten(
+    values: list[torch.Tensor], masks: list[torch.Tensor], eps: float = 1e-8, gather: RowGather = _whole
+) -> list[torch.Tensor]:
+    """(v - mean) / sqrt(var + eps) over all masked tokens of all rows (of every rank's rows, via `gather`);
+    masked-out tokens get 0."""
+    count = max(1.0, sum(gather([float(m.sum()) for m in masks])))
+    mean = sum(gather([float((v * m).sum()) for v, m in zip(values, masks, strict=True)])) / count
+    var = sum(gather([float((((v - mean) ** 2) * m).sum()) for v, m in zip(values, masks, strict=True)])) / count
     scale = (var + eps) ** -0.5
     return [(v - mean) * scale * m for v, m in zip(values, masks, strict=True)]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from buffer.train_data import balanced_split
+
 LAYOUTS = ("packed", "thd", "padded")
 
 
@@ -94,16 +96,11 @@ def padded_length(length: int, multiple: int) -> int:
 def split_for_dp(lengths: Sequence[int], dp_size: int) -> list[list[int]]:
     """Deterministic token-balanced partition of sequence indices over DP ranks (each in input order).
 
-    Longest first, each to the rank with the fewest tokens so far (ties: fewest sequences, lowest rank).
-    With fewer sequences than ranks some shares are empty (the engine runs a filler micro-batch there).
+    The rollout side's split (buffer.train_data.balanced_split), so a full batch given to the engine is split as
+    the rollout manager splits it. With fewer sequences than ranks some shares are empty (the engine runs a
+    filler micro-batch there).
     """
-    shares: list[list[int]] = [[] for _ in range(dp_size)]
-    tokens = [0] * dp_size
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        rank = min(range(dp_size), key=lambda r: (tokens[r], len(shares[r]), r))
-        shares[rank].append(i)
-        tokens[rank] += lengths[i]
-    return [sorted(s) for s in shares]
+    return balanced_split(list(lengths), dp_size)
 
 
 def split_micro_batches(indices: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -118,14 +118,15 @@ def destroy_parallel() -> None:
         dist.destroy_process_group()
 
 
-def share_from_last_stage(local: Any, merge: Callable[[list[Any]], Any]) -> Any:
-    """Merge picklable per-rank results of the last pipeline stage over DP; return them on every rank."""
+def share_from_last_stage(local: Any, merge: Callable[[list[Any]], Any], over_dp: bool = True) -> Any:
+    """Merge picklable per-rank results of the last pipeline stage over DP (over_dp=False: this rank's alone);
+    return them on every rank of the pipeline."""
     from megatron.core import parallel_state as mpu
 
     merged = None
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
         parts: list[Any] = [local]
-        if mpu.get_data_parallel_world_size() > 1:  # no pickling round trip when there is nobody to share with
+        if over_dp and mpu.get_data_parallel_world_size() > 1:  # no pickling when there is nobody to share with
             parts = [None] * mpu.get_data_parallel_world_size()
             dist.all_gather_object(parts, local, group=mpu.get_data_parallel_group())
         merged = merge(parts)
