@@ -49,6 +49,15 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-request-timeout", type=float, default=600.0, help="seconds per /generate request")
     g.add_argument("--sglang-startup-timeout", type=float, default=180.0)
     g.add_argument(
+        "--prefill-num-servers",
+        type=int,
+        default=None,
+        help="slime's prefill/decode disaggregation: not supported (the error says what is missing)",
+    )
+    g.add_argument(
+        "--sglang-config", default=None, help="slime's YAML of model/server groups: not supported yet (error)"
+    )
+    g.add_argument(
         "--router-policy",
         default="round_robin",
         choices=["round_robin", "cache_aware", "random", "power_of_two"],
@@ -150,6 +159,17 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--eval-function-path", default=None, help="async (ctx, rollout_id, datasets) -> metrics")
     p.add_argument(
+        "--custom-rollout-log-function-path",
+        default=None,
+        help="slime's (rollout_id, args, samples, extra_metrics, rollout_time) -> bool: True skips the default "
+        "sample metrics (rollout/log_hooks.py)",
+    )
+    p.add_argument(
+        "--custom-eval-rollout-log-function-path",
+        default=None,
+        help="slime's (rollout_id, args, data, extra_metrics) -> bool: True skips the per-dataset eval metrics",
+    )
+    p.add_argument(
         "--plugin-api",
         default="auto",
         choices=["auto", "native", "slime"],
@@ -214,6 +234,19 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
     """Fill rollout defaults, reject contradictions and load every plugin (raises ValueError naming the flag)."""
     if not args.prompt_data and not args.data_source_path:
         raise ValueError("the training prompts are missing: set --prompt-data FILE (or --data-source-path)")
+    if args.prefill_num_servers is not None:
+        raise ValueError(
+            "--prefill-num-servers (prefill/decode disaggregation) is not supported: SGLang moves the KV cache from "
+            "prefill to decode engines with a transfer engine (mooncake or nixl, over RDMA/UCX), which is not "
+            "installed here and has no CPU path; nor do the engines here start in --disaggregation-mode or the "
+            "router in --pd-disaggregation yet. Drop the flag: every engine prefills and decodes"
+        )
+    if args.sglang_config is not None:
+        raise ValueError(
+            "--sglang-config (named model/server groups, e.g. a teacher or reward model beside the policy) is not "
+            "supported yet: serve the other model with its own SGLang server and name it by URL (--rm-url; "
+            "--opd-type sglang for a teacher), or use --opd-type megatron for a teacher of the policy's architecture"
+        )
     if args.rollout_max_context_len is not None:
         if args.rollout_max_context_len < 2:
             raise ValueError(f"--rollout-max-context-len {args.rollout_max_context_len} leaves no room for a response")

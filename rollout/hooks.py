@@ -13,6 +13,7 @@ from typing import Any
 from rollout import slime_contract
 from rollout.filters import fifo_buffer_filter
 from rollout.generate import generate
+from rollout.log_hooks import EVAL_LOG_FLAG, ROLLOUT_LOG_FLAG
 from rollout.rewards import RewardFunction, get_reward_function
 from rollout.sample_hooks import SampleHook, load_sample_hooks
 from slime_like.core.errors import PluginError
@@ -37,6 +38,9 @@ HOOKS: dict[str, tuple[str, Signature, Signature, Callable[[Any], Any] | None]] 
     REWARD_POST_PROCESS_FLAG: ("custom_reward_post_process_path", (2, False), (2, False), None),
     "--rollout-function-path": ("rollout_function_path", (3, True), (3, False), slime_contract.rollout_function_hook),
     "--eval-function-path": ("eval_function_path", (3, True), (3, False), slime_contract.eval_function_hook),
+    # slime's log functions (rollout/log_hooks.py): one contract, slime's, plain functions.
+    ROLLOUT_LOG_FLAG: ("custom_rollout_log_function_path", (5, False), (5, False), None),
+    EVAL_LOG_FLAG: ("custom_eval_rollout_log_function_path", (4, False), (4, False), None),
     # A class qualifies: its signature is that of __init__ without self (slime's takes args only).
     "--data-source-path": ("data_source_path", (2, None), (1, None), slime_contract.data_source_hook),
 }
@@ -57,6 +61,8 @@ class RolloutHooks:
     eval_function: Callable[..., Awaitable[dict[str, Any]]] | None = None
     data_source_factory: Callable[[Any, Any], Any] | None = None
     sample_hooks: list[SampleHook] = field(default_factory=list)  # --rollout-sample-hook-path, in order
+    rollout_log: Callable[..., bool] | None = None  # --custom-rollout-log-function-path
+    eval_log: Callable[..., bool] | None = None  # --custom-eval-rollout-log-function-path
     contracts: dict[str, str] = field(default_factory=dict)  # flag -> "native" | "slime", for the flags set
 
     def follows_slime(self, flag: str) -> bool:
@@ -96,5 +102,7 @@ def load_hooks(args: Any) -> RolloutHooks:
         eval_function=loaded.get("--eval-function-path"),
         data_source_factory=loaded.get("--data-source-path"),
         sample_hooks=load_sample_hooks(getattr(args, "rollout_sample_hook_path", None)),
+        rollout_log=loaded.get(ROLLOUT_LOG_FLAG),
+        eval_log=loaded.get(EVAL_LOG_FLAG),
         contracts=contracts,
     )

@@ -29,11 +29,13 @@ from rollout.evaluation import eval_sampling_params, evaluate_datasets
 from rollout.generate import sampling_params_from_args
 from rollout.health import HealthMonitor
 from rollout.hooks import RolloutHooks, load_hooks
+from rollout.log_hooks import log_eval, log_rollout
 from rollout.metrics import rollout_metrics
 from rollout.pause import check_server_args
 from rollout.postprocess import finish_rollout
 from rollout.router import SGLangRouter
 from rollout.sampling import generate_rollout
+from rollout.train_handoff import RolloutResult, TrainLayout, hand_off
 from slime_like.core.cluster import Slot
 from slime_like.core.errors import EngineError, PluginError
 from slime_like.core.logs import setup_logging
@@ -430,11 +432,33 @@ class RolloutManager:
         start = time.monotonic()
         groups, counters = self._run_checked(_rollout(self, rollout_id), f"rollout {rollout_id}")
         metrics = rollout_metrics(groups, self.args.reward_key)
+        default_keys = set(metrics)
         elapsed = time.monotonic() - start
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
         metrics["rollout/time"] = elapsed
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(elapsed, 1e-9)
+        metrics = log_rollout(self.hooks.rollout_log, self.args, rollout_id, groups, metrics, default_keys, elapsed)
         return self._finish(rollout_id, groups, metrics)
+
+    # How the trainer takes a rollout (set_train_layout); None until then, and without a trainer.
+    _train_layout: TrainLayout | None = None
+
+    def set_train_layout(self, layout: TrainLayout) -> None:
+        """The trainer's data-parallel layout: rollouts handed off for training are split for it here."""
+        self._train_layout = layout
+
+    def train_batch(self, rollout_id: int) -> RolloutResult:
+        """`generate`, keeping the samples here: the driver gets metrics, a failure summary and one object ref
+        per trainer DP rank (rollout/train_handoff.py)."""
+        return self._hand_off(rollout_id, *self.generate(rollout_id))
+
+    def next_train_batch(self, rollout_id: int) -> RolloutResult:
+        """--fully-async: `next_batch`, handed off as `train_batch`."""
+        return self._hand_off(rollout_id, *self.next_batch(rollout_id))
+
+    def _hand_off(self, rollout_id: int, groups: list[list[Sample]], metrics: dict[str, Any]) -> RolloutResult:
+        args = self.args
+        return hand_off(rollout_id, groups, metrics, self._train_layout, args.reward_key, args.save_debug_train_data)
 
     def _finish(
         self, rollout_id: int, groups: list[list[Sample]], metrics: dict[str, Any]
@@ -459,7 +483,7 @@ class RolloutManager:
         metrics["eval/time"] = time.monotonic() - start
         if groups:
             save_rollout_data(self.args, rollout_id, groups, evaluation=True)
-        return metrics
+        return log_eval(self.hooks.eval_log, self.args, rollout_id, groups, metrics)
 
     def _run(self, coro: Awaitable[Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -1,11 +1,15 @@
 """One trainer rank: the Megatron policy (and, for PPO, critic) engines and the RL step of slime_like/algorithms.
 
 A rollout's step: recompute the old policy's log-probs (and the reference's, and the critic's values)
-on the whole rollout, compute advantages (advantages.py), off-policy weights (off_policy.py) and
+on this rank's share of the rollout, compute advantages (advantages.py), off-policy weights (off_policy.py) and
 mismatch metrics, then take one optimizer step per --global-batch-size chunk with the loss function
 of --loss-type (loss.py), its token weights set by --loss-agg-mode on the chunk (aggregation.py).
-Every rank holds the whole rollout, so all of this is global without communication; the engine
-splits each step over data-parallel ranks.
+
+A rank holds only its data-parallel share (buffer.train_data.RankShare: the rollout manager split the rollout,
+each step token-balanced over the ranks) and the rollout-wide scalars. Group baselines come from those scalars;
+whatever sums over the whole rollout or step (whitening, the aggregation's counts, metrics) gathers one number
+per sample over the DP ranks into rollout order, so every rank adds the same numbers in the same order as a
+single process would. Log-probs never leave their rank.
 """
 
 from __future__ import annotations
@@ -14,14 +18,15 @@ import gc
 import logging
 import os
 import time
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from buffer.train_data import TrainData
-from slime_like.algorithms.advantages import AdvantageInputs, compute_advantages
+from buffer.train_data import RankShare, TrainData, split_by_dp
+from slime_like.algorithms.advantages import AdvantageInputs, Advantages, RolloutScope, compute_advantages
 from slime_like.algorithms.aggregation import token_weights
 from slime_like.algorithms.dapo import overlong_penalty
 from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
@@ -29,6 +34,7 @@ from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mis
 from slime_like.algorithms.slime_contract import slime_advantages, slime_loss_fn
 from slime_like.core.logs import setup_logging
 from slime_like.core.plugin_loader import load_hook
+from slime_like.trainer_hooks import load_trainer_hooks
 
 # (positional parameters, async?) of the loss and advantage hooks under (our contract, slime's): docs/plugins.md
 LOSS_SIG = ((4, False), (4, False))
@@ -43,7 +49,7 @@ def _response(full: list[torch.Tensor], lengths: list[int]) -> list[torch.Tensor
 
 
 class TrainActor:
-    """A trainer rank; every rank gets the full rollout and the engine takes its DP share."""
+    """A trainer rank; it trains on its data-parallel share of each rollout."""
 
     def __init__(self, args: Any, rank: int, master_addr: str, master_port: int) -> None:
         os.environ.update(
@@ -71,8 +77,12 @@ class TrainActor:
             sequence_parallel=args.sequence_parallel,
             reloadable_groups=bool(getattr(args, "offload_train", False)) and torch.cuda.is_available(),
         )
+        self.hooks = load_trainer_hooks(args)
+        if self.hooks.init is not None:
+            self.hooks.init(args)  # slime: after the parallel groups, before the model
         from slime_like.megatron.cpu_compat import transformer_engine_available
-        from slime_like.megatron.flags import model_config_overrides
+        from slime_like.megatron.flags import model_config_overrides, mtp_engine_args
+        from slime_like.megatron.lora import lora_settings
 
         common = {
             "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
@@ -91,7 +101,11 @@ class TrainActor:
                 temperature=args.rollout_temperature,
                 **common,
                 **replay,
+                **mtp_engine_args(args),  # --enable-mtp-training: the MTP layers are built and trained
+                lora=lora_settings(args),  # --lora-rank: adapters trained on a frozen base (megatron/lora.py)
             )
+            if getattr(args, "lora_adapter_path", None):
+                self.engine.load_adapter(args.lora_adapter_path)
             # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
             # value head (mbridge's value model), its own optimizer and learning rate.
             self.critic = None
@@ -102,6 +116,10 @@ class TrainActor:
                 )
             # The reference policy is a frozen copy of the starting (or --ref-load) weights, swapped in for its forward.
             self.ref_weights = self._reference_weights() if args.use_kl_loss or args.kl_coef else None
+            # --opd-type megatron: the teacher, the same architecture with other weights, is swapped in the same way.
+            self.teacher_weights = None
+            if getattr(args, "use_opd", False) and args.opd_type == "megatron":
+                self.teacher_weights = self._checkpoint_weights(args.opd_teacher_load, "--opd-teacher-load")
             if self.memory.enabled:  # Adam's moments would otherwise appear at the first step, outside the region
                 for engine in (self.engine, self.critic):
                     if engine is not None:
@@ -140,17 +158,27 @@ class TrainActor:
 
     def _reference_weights(self) -> dict[str, torch.Tensor]:
         """The KL reference: the weights of the --ref-load checkpoint, else the starting (--hf-checkpoint) ones."""
-        start = self._snapshot()
         if not self.args.ref_load:
-            return start
+            return self._snapshot()
+        return self._checkpoint_weights(self.args.ref_load, "--ref-load")
+
+    def _before_log_prob(self, store_prefix: str) -> None:
+        """--custom-megatron-before-log-prob-hook-path, with slime's store prefix of the forward that follows."""
+        if self.hooks.before_log_prob is not None:
+            self.hooks.before_log_prob(self.args, self.engine.model, store_prefix)
+
+    def _checkpoint_weights(self, path: str, flag: str) -> dict[str, torch.Tensor]:
+        """The model weights of the Megatron checkpoint at `path` (named by `flag`), read through the policy's
+        model, whose own weights are put back."""
         from slime_like.megatron.checkpoint_layout import require_checkpoint
 
-        checkpoint = require_checkpoint(self.args.ref_load, "--ref-load")
+        start = self._snapshot()
+        checkpoint = require_checkpoint(path, flag)
         self.engine.load_model_weights(checkpoint.directory)
-        reference = self._snapshot()
+        weights = self._snapshot()
         self._load_weights(start)  # the policy starts where --hf-checkpoint (or a later --load) puts it
-        logger.info("KL reference weights: --ref-load %s", checkpoint.directory)
-        return reference
+        logger.info("%s weights: %s", flag, checkpoint.directory)
+        return weights
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {
@@ -158,11 +186,11 @@ class TrainActor:
         }
 
     def _forward_with_weights(self, weights: dict[str, torch.Tensor], tokens: list[list[int]]) -> list[torch.Tensor]:
-        """Log-probs under other weights (the reference), then put the current ones back."""
+        """Log-probs of this rank's share under other weights (the reference), then put the current ones back."""
         current = self._snapshot()
         self._load_weights(weights)
         try:
-            return self.engine.forward_logprobs(tokens)
+            return self.engine.forward_logprobs(tokens, local=True)
         finally:
             self._load_weights(current)
 
@@ -173,27 +201,50 @@ class TrainActor:
                     if k in weights and torch.is_tensor(v):
                         v.copy_(weights[k])
 
-    def train(self, rollout_id: int, data: TrainData) -> dict[str, float]:
-        """Prepare the rollout (log-probs, values, advantages), then take this rollout's optimizer steps."""
+    def data_parallel(self) -> tuple[int, int, int]:
+        """(DP rank, DP size, the multiple sequence lengths are padded to in micro-batches): how the rollout side
+        splits a rollout for this rank (buffer.train_data.split_by_dp)."""
+        from megatron.core import parallel_state as mpu
+
+        multiple = self.engine.pad_multiple if self.engine.layout == "thd" else 1
+        return mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(), multiple
+
+    def train(self, rollout_id: int, data: RankShare | TrainData) -> dict[str, float]:
+        """Prepare this rank's share of the rollout (log-probs, values, advantages), then take this rollout's
+        optimizer steps. A whole rollout (TrainData) is split here as the rollout side would split it."""
         start = time.monotonic()
-        if len(data) == 0:  # every sample failed or was filtered out: nothing to learn from
+        share = data if isinstance(data, RankShare) else self._own_share(data)
+        dp_rank, dp_size, _ = self.data_parallel()
+        if (share.dp_rank, share.dp_size) != (dp_rank, dp_size):
+            raise ValueError(
+                f"trainer rank {self.rank} is data-parallel rank {dp_rank} of {dp_size}, but was handed the share of "
+                f"rank {share.dp_rank} of {share.dp_size}"
+            )
+        if len(share.rollout) == 0:  # every sample failed or was filtered out: nothing to learn from
             logger.warning("rollout %d: no usable samples, no optimizer step", rollout_id)
             return {}
         sft = self.args.loss_type == "sft_loss"
-        rows, metrics, routing = (*self._sft_rows(data), None) if sft else self._rl_rows(data)
+        rows, metrics, routing = (*self._sft_rows(share), None) if sft else self._rl_rows(share)
+        self.hooks.postprocess(self.args, rollout_id, share.data.tokens, rows)
+        # Loss tokens of every sample of the rollout: each step's aggregation counts its sequences and tokens.
+        counts = self._gather_rows(share, [float(r["loss_mask"].sum()) for r in rows])
         prepare_time = time.monotonic() - start
         # Critic warm-up: the first --num-critic-only-steps rollouts leave the policy as it is.
         train_policy = rollout_id >= self.args.num_critic_only_steps
-        per_step = self.args.global_batch_size
         step_metrics: list[dict[str, float]] = []
-        for begin in range(0, len(data), per_step):
-            idx = list(range(begin, min(begin + per_step, len(data))))
-            tokens, step_rows = [data.tokens[i] for i in idx], self._weighted([rows[i] for i in idx])
+        for step_id, ((begin, end), idx) in enumerate(zip(share.step_bounds, share.steps, strict=True)):
+            step_counts = counts[begin:end]
+            totals = (sum(c > 0 for c in step_counts), sum(step_counts))
+            tokens, step_rows = [share.data.tokens[i] for i in idx], self._weighted([rows[i] for i in idx], totals)
             step: dict[str, float] = {}
             if self.critic is not None:
-                out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args))
+                out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args), local=True)
                 step.update({f"critic/{k}": v for k, v in out.items()})
             if train_policy:
+                if self.hooks.before_train_step is not None:
+                    engine = self.engine
+                    hook = self.hooks.before_train_step
+                    hook(self.args, rollout_id, step_id, engine.model, engine.optimizer, engine.scheduler)
                 out = self.engine.train_step(
                     tokens,
                     step_rows,
@@ -201,6 +252,8 @@ class TrainActor:
                     with_entropy=not sft,
                     entropy_grad=self.entropy_grad,
                     routing=None if routing is None else [routing[i] for i in idx],
+                    local=True,
+                    mtp_loss_masks=None if self.engine.mtp is None else self.engine.mtp.loss_masks(tokens, step_rows),
                 )
                 step.update({f"train/{k}": v for k, v in out.items()})
             step_metrics.append(step)
@@ -211,63 +264,94 @@ class TrainActor:
         metrics["time/train"] = time.monotonic() - start - prepare_time
         return metrics
 
-    def _weighted(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Rows of one step with their aggregation weights (--loss-agg-mode) and token-mean metric weights."""
+    def _own_share(self, data: TrainData) -> RankShare:
+        """This rank's share of a whole rollout, split as the rollout manager splits it."""
+        dp_rank, dp_size, multiple = self.data_parallel()
+        return split_by_dp(data, dp_size, self.args.global_batch_size, multiple)[dp_rank]
+
+    def _gather_rows(self, share: RankShare, values: list[float]) -> list[float]:
+        """One number per sample of this rank's share -> one per sample of the rollout, in rollout order.
+
+        One all-reduce over the DP group of a vector that each rank fills at its own rows only: every entry is
+        one rank's number plus zeros, so the result is exact, and sums over it add in a single process's order."""
+        full = torch.zeros(len(share.rollout), dtype=torch.float64, device=self.engine.device)
+        if share.rows:
+            full[share.rows] = torch.tensor(values, dtype=torch.float64, device=self.engine.device)
+        if share.dp_size > 1:
+            from megatron.core import parallel_state as mpu
+
+            torch.distributed.all_reduce(full, group=mpu.get_data_parallel_group())
+        return full.tolist()
+
+    def _weighted(self, rows: list[dict[str, Any]], totals: tuple[int, float]) -> list[dict[str, Any]]:
+        """Rows of this rank's part of one step with their aggregation weights (--loss-agg-mode) and token-mean
+        metric weights; `totals` are the whole step's sequences with a loss token and loss tokens."""
         masks = [r["loss_mask"] for r in rows]
-        weights = token_weights(masks, self.args.loss_agg_mode, self.args.rollout_max_response_len)
-        metric = token_weights(masks, "token-mean")
+        weights = token_weights(masks, self.args.loss_agg_mode, self.args.rollout_max_response_len, totals)
+        metric = token_weights(masks, "token-mean", totals=totals)
         return [{**r, "token_weight": w, "metric_weight": m} for r, w, m in zip(rows, weights, metric, strict=True)]
 
-    def _sft_rows(self, data: TrainData) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def _sft_rows(self, share: RankShare) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        data = share.data
         rows = [
             {"response_length": n, "loss_mask": torch.tensor(m, dtype=torch.float32)}
             for n, m in zip(data.response_lengths, data.loss_masks, strict=True)
         ]
         return rows, {}
 
-    def _rl_rows(self, data: TrainData) -> tuple[list[dict[str, Any]], dict[str, float], list[Any] | None]:
-        """Old/ref log-probs, values, advantages and off-policy weights of every sample, and the routing the
-        training forwards replay (None: no routing replay)."""
-        args, lengths = self.args, data.response_lengths
+    def _rl_rows(self, share: RankShare) -> tuple[list[dict[str, Any]], dict[str, float], list[Any] | None]:
+        """Old/ref log-probs, values, advantages and off-policy weights of this rank's samples, and the routing
+        the training forwards replay (None: no routing replay)."""
+        args, data, whole = self.args, share.data, share.rollout
+        lengths = data.response_lengths
         masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
         # Routing replay, as slime: R3 replays the rollout's experts in the old-policy and training forwards;
         # --use-routing-replay records the old-policy forward's and replays them in training. Ref and critic route.
-        routing = self._rollout_routing(data) if getattr(args, "use_rollout_routing_replay", False) else None
+        routing = self._rollout_routing(share) if getattr(args, "use_rollout_routing_replay", False) else None
+        self._before_log_prob("")
         if getattr(args, "use_routing_replay", False) and routing is None:
-            old_full, routing = self.engine.forward_logprobs_and_routing(data.tokens)
+            old_full, routing = self.engine.forward_logprobs_and_routing(data.tokens, local=True)
         else:
-            old_full = self.engine.forward_logprobs(data.tokens, routing=routing)
+            old_full = self.engine.forward_logprobs(data.tokens, routing=routing, local=True)
         old_lp = _response(old_full, lengths)
         ref_lp = None
         if self.ref_weights is not None:
+            self._before_log_prob("ref_")
             ref_lp = _response(self._forward_with_weights(self.ref_weights, data.tokens), lengths)
-        values = _response(self.critic.forward_values(data.tokens), lengths) if self.critic is not None else None
+        values = None
+        if self.critic is not None:
+            values = _response(self.critic.forward_values(data.tokens, local=True), lengths)
         rollout_lp = [None if r is None else torch.tensor(r, dtype=torch.float32) for r in data.rollout_log_probs]
-        rewards = list(data.raw_rewards)
+        rewards, every_reward = list(data.raw_rewards), list(whole.raw_rewards)
         metrics: dict[str, float] = {}
         if args.overlong_buffer_len:
-            penalties = [
-                overlong_penalty(
+
+            def penalty(n: int) -> float:
+                return overlong_penalty(
                     n, args.rollout_max_response_len, args.overlong_buffer_len, args.overlong_penalty_factor
                 )
-                for n in lengths
-            ]
-            rewards = [r + p for r, p in zip(rewards, penalties, strict=True)]
-            metrics["train/overlong_penalty_mean"] = sum(penalties) / max(1, len(penalties))
-        normalized = bool(data.reward_normalized) and all(data.reward_normalized)  # by a slime post-process
+
+            every = [penalty(n) for n in whole.response_lengths]
+            every_reward = [r + p for r, p in zip(every_reward, every, strict=True)]
+            rewards = [every_reward[i] for i in share.rows]
+            metrics["train/overlong_penalty_mean"] = sum(every) / max(1, len(every))
+        normalized = bool(whole.reward_normalized) and all(whole.reward_normalized)  # by a slime post-process
         inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized)
         if args.use_opd:
-            inputs.teacher_log_probs = self._teacher_log_probs(data)
-        custom = self.custom_advantage
-        if custom is not None and self.slime_advantage:
-            custom = partial(slime_advantages, fn=self.custom_advantage, tokens=data.tokens)
-        result = compute_advantages(args, inputs, custom)
+            inputs.teacher_log_probs = self._teacher_log_probs(share)
+        if self.custom_advantage is not None:
+            result = self._custom_advantages(share, inputs)
+        else:
+            scope = RolloutScope(share.rows, every_reward, whole.group_ids, partial(self._gather_rows, share))
+            result = compute_advantages(args, inputs, None, scope)
         if values is not None and result.returns is None:
             raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
-        is_weights = self._is_weights(old_lp, rollout_lp, masks)
-        old = self._require_rollout(rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
+        is_weights = self._is_weights(share, old_lp, rollout_lp, masks)
+        old = (
+            self._require_rollout(share, rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
+        )
         if args.custom_tis_function_path:
-            self._require_rollout(rollout_lp, "--custom-tis-function-path")
+            self._require_rollout(share, rollout_lp, "--custom-tis-function-path")
         rows = []
         for i, mask in enumerate(masks):
             row = {
@@ -291,37 +375,88 @@ class TrainActor:
                 if args.custom_tis_function_path:
                     row["rollout_log_probs"] = rollout_lp[i]  # checked above
             rows.append(row)
-        metrics.update(self._rollout_metrics(result.advantages, masks, old_lp, rollout_lp, is_weights))
+        metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights))
         if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
-            tokens = max(1.0, sum(float(m.sum()) for m in masks))
-            metrics["train/opd_reverse_kl"] = sum(float(k.sum()) for k in result.opd_reverse_kl) / tokens
+            tokens = max(1.0, sum(self._gather_rows(share, [float(m.sum()) for m in masks])))
+            kl = sum(self._gather_rows(share, [float(k.sum()) for k in result.opd_reverse_kl]))
+            metrics["train/opd_reverse_kl"] = kl / tokens
         return rows, metrics, routing
 
-    def _teacher_log_probs(self, data: TrainData) -> list[torch.Tensor]:
-        """--use-opd: every sample's teacher log-probs, or an error saying which samples have none."""
+    def _custom_advantages(self, share: RankShare, inputs: AdvantageInputs) -> Advantages:
+        """A custom advantage function sees the whole rollout, as it did when every rank held it: with DP > 1 the
+        ranks' inputs are gathered (log-probs included: the price of a hook written for the whole rollout), the
+        hook runs on every rank alike, and each rank keeps its own samples' results."""
+        tokens = share.data.tokens
+        if share.dp_size > 1:
+            inputs, tokens = self._whole_inputs(share, inputs)
+        custom = self.custom_advantage
+        if self.slime_advantage:
+            custom = partial(slime_advantages, fn=self.custom_advantage, tokens=tokens)
+        result = compute_advantages(self.args, inputs, custom)
+        if share.dp_size == 1:
+            return result
+
+        def mine(column: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+            return None if column is None else [column[r] for r in share.rows]
+
+        return Advantages(mine(result.advantages), mine(result.returns), mine(result.opd_reverse_kl))
+
+    def _whole_inputs(self, share: RankShare, inputs: AdvantageInputs) -> tuple[AdvantageInputs, list[list[int]]]:
+        """Every rank's advantage inputs and tokens, in rollout order (all_gather_object over the DP group)."""
+        from megatron.core import parallel_state as mpu
+
+        parts: list[Any] = [None] * share.dp_size
+        torch.distributed.all_gather_object(
+            parts, (share.rows, inputs, share.data.tokens), group=mpu.get_data_parallel_group()
+        )
+        where = {row: (part, i) for part, (rows, _, _) in enumerate(parts) for i, row in enumerate(rows)}
+        order = [where[row] for row in range(len(share.rollout))]
+
+        def column(name: str) -> Any:
+            if getattr(inputs, name) is None or not isinstance(getattr(inputs, name), list):
+                return getattr(inputs, name)
+            return [getattr(parts[p][1], name)[i] for p, i in order]
+
+        whole = AdvantageInputs(**{f.name: column(f.name) for f in fields(AdvantageInputs)})
+        return whole, [parts[p][2][i] for p, i in order]
+
+    def _teacher_log_probs(self, share: RankShare) -> list[torch.Tensor]:
+        """--use-opd: this rank's samples' teacher log-probs (--opd-type megatron: the teacher's forward here; sglang:
+        from the samples), or an error saying which samples have none."""
+        if self.teacher_weights is not None:
+            data = share.data
+            self._before_log_prob("teacher_")
+            return _response(self._forward_with_weights(self.teacher_weights, data.tokens), data.response_lengths)
         hint = (
             "with --opd-type sglang, use --custom-rm-path slime.rollout.on_policy_distillation.reward_func with the "
             "teacher's /generate URL as --rm-url"
         )
-        teacher = _every_sample(data, "teacher_log_probs", "--use-opd", hint)
+        teacher = _every_sample(share, "teacher_log_probs", "--use-opd", hint)
         return [torch.tensor(t, dtype=torch.float32) for t in teacher]
 
-    def _rollout_routing(self, data: TrainData) -> list[Any]:
-        """R3: every sample's routed experts from SGLang, or an error saying which samples have none."""
+    def _rollout_routing(self, share: RankShare) -> list[Any]:
+        """R3: this rank's samples' routed experts from SGLang, or an error saying which samples have none."""
         hint = (
             "a generate function must send return_routed_experts=True and keep the answer's "
             "meta_info['routed_experts'] (Sample.append_response_tokens does)"
         )
-        return _every_sample(data, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
+        return _every_sample(share, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
 
-    def _require_rollout(self, rollout_lp: list[torch.Tensor | None], flag: str) -> list[torch.Tensor]:
-        missing = [i for i, r in enumerate(rollout_lp) if r is None]
+    def _require_rollout(
+        self, share: RankShare, rollout_lp: list[torch.Tensor | None], flag: str
+    ) -> list[torch.Tensor]:
+        """SGLang's log-probs of this rank's samples, or the same error on every rank if any sample lacks them."""
+        missing = share.rollout.has_rollout_log_probs.count(False)
         if missing:
-            raise ValueError(f"{flag} needs SGLang's log-probs, but {len(missing)} samples have none")
+            raise ValueError(f"{flag} needs SGLang's log-probs, but {missing} samples have none")
         return rollout_lp  # type: ignore[return-value]
 
     def _is_weights(
-        self, old_lp: list[torch.Tensor], rollout_lp: list[torch.Tensor | None], masks: list[torch.Tensor]
+        self,
+        share: RankShare,
+        old_lp: list[torch.Tensor],
+        rollout_lp: list[torch.Tensor | None],
+        masks: list[torch.Tensor],
     ) -> list[torch.Tensor] | None:
         """Per-token off-policy weights pi_old / pi_rollout of the chosen correction (None: no correction)."""
         args = self.args
@@ -333,39 +468,45 @@ class TrainActor:
             flag, weigh = "--use-decoupled-loss", lambda d, m: decoupled_weights(d, args.behav_imp_weight_cap)
         else:
             return None
-        behaviour = self._require_rollout(rollout_lp, flag)
+        behaviour = self._require_rollout(share, rollout_lp, flag)
         return [weigh(o - b, m) for o, b, m in zip(old_lp, behaviour, masks, strict=True)]
 
     def _rollout_metrics(
         self,
+        share: RankShare,
         advantages: list[torch.Tensor],
         masks: list[torch.Tensor],
         old_lp: list[torch.Tensor],
         rollout_lp: list[torch.Tensor | None],
         is_weights: list[torch.Tensor] | None,
     ) -> dict[str, float]:
-        """Advantage statistics, train/rollout mismatch (where SGLang gave log-probs) and IS weight use."""
-        tokens = max(1.0, sum(float(m.sum()) for m in masks))
-        mean = sum(float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)) / tokens
-        var = sum(float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)) / tokens
+        """Advantage statistics, train/rollout mismatch (where SGLang gave log-probs) and IS weight use, over the
+        whole rollout (sums of every rank's samples, added in rollout order)."""
+
+        def total(values: list[float]) -> float:
+            return sum(self._gather_rows(share, values))
+
+        counts = [float(m.sum()) for m in masks]
+        tokens = max(1.0, total(counts))
+        mean = total([float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
+        var = total([float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
         metrics = {"train/advantage_mean": mean, "train/advantage_std": var**0.5}
-        have = [i for i, r in enumerate(rollout_lp) if r is not None]
-        if have:
-            sums: dict[str, float] = {}
-            for i in have:
-                part = mismatch_sums(old_lp[i], rollout_lp[i], masks[i], self.args.mis_low, self.args.mis_high)
-                for key, value in part.items():
-                    sums[key] = sums.get(key, 0.0) + value
-            n = max(1.0, sum(float(masks[i].sum()) for i in have))
-            metrics["train/train_rollout_logprob_abs_diff"] = sums["abs_diff"] / n
-            metrics["train/train_rollout_kl"] = sums["kl"] / n
-            metrics["train/train_rollout_out_of_band_frac"] = sums["out_of_band"] / n
+        if any(share.rollout.has_rollout_log_probs):
+            low, high = self.args.mis_low, self.args.mis_high
+            parts = [
+                {} if r is None else mismatch_sums(o, r, m, low, high)
+                for o, r, m in zip(old_lp, rollout_lp, masks, strict=True)
+            ]
+            # A sample without SGLang's log-probs adds 0.0: the sums are those over the samples that have them.
+            n = max(1.0, total([c if r is not None else 0.0 for c, r in zip(counts, rollout_lp, strict=True)]))
+            for key, name in (("abs_diff", "logprob_abs_diff"), ("kl", "kl"), ("out_of_band", "out_of_band_frac")):
+                metrics[f"train/train_rollout_{name}"] = total([p.get(key, 0.0) for p in parts]) / n
         if is_weights is not None:
             metrics["train/is_weight_mean"] = (
-                sum(float((w * m).sum()) for w, m in zip(is_weights, masks, strict=True)) / tokens
+                total([float((w * m).sum()) for w, m in zip(is_weights, masks, strict=True)]) / tokens
             )
             metrics["train/is_dropped_frac"] = (
-                sum(float(((w == 0).float() * m).sum()) for w, m in zip(is_weights, masks, strict=True)) / tokens
+                total([float(((w == 0).float() * m).sum()) for w, m in zip(is_weights, masks, strict=True)]) / tokens
             )
         return metrics
 
@@ -381,7 +522,9 @@ class TrainActor:
             self.transport_urls = list(server_urls)
         # --fully-async pauses with its mode (requests stay in flight); every other loop drains (abort).
         mode = self.args.pause_generation_mode if self.args.fully_async else "abort"
-        used = self.transport.update(self.engine.export_hf_weights, version, mode)
+        # A LoRA run sends its adapter only: the servers keep the base they started with (weights/lora.py).
+        export = self.engine.export_adapter if self.engine.lora is not None else self.engine.export_hf_weights
+        used = self.transport.update(export, version, mode)
         if self.args.check_weight_update:
             worst = self.check_weights(server_urls, f"after the update to version {version}")
             logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
@@ -404,6 +547,15 @@ class TrainActor:
 
         args = self.args
         size, timeout, tp = args.update_weight_buffer_size, args.update_weight_timeout, args.rollout_num_gpus_per_engine
+        if self.engine.lora is not None:  # no full-weight fallback: it would replace the base the adapter is for
+            from slime_like.weights.lora import LoraTransport
+
+            directory = os.path.join(output_dir, "lora")
+            settings = self.engine.lora
+            factory = {
+                "lora": lambda: LoraTransport(server_urls, settings, args.hf_checkpoint, directory, timeout_s=timeout)
+            }
+            return WeightUpdater(factory, "lora", None, args.update_weight_retries, self.rank)
         factories = {
             # Rank 0's node address (MASTER_ADDR): engines on other nodes join the weight group there.
             "distributed": lambda: DistributedTransport(
@@ -471,12 +623,14 @@ class TrainActor:
             logger.info("%s holds no critic (%s/): the critic starts from --hf-checkpoint", directory, CRITIC_DIR)
 
 
-def _every_sample(data: TrainData, column: str, flag: str, hint: str) -> list[Any]:
-    """A per-sample column `flag` needs, or an error naming the samples that lack it and how to fill it."""
-    values = getattr(data, column) or [None] * len(data)
-    missing = [data.sample_indices[i] for i, v in enumerate(values) if v is None]
+def _every_sample(share: RankShare, column: str, flag: str, hint: str) -> list[Any]:
+    """This rank's values of a per-sample column `flag` needs, or an error (the same on every rank: the check
+    reads the rollout-wide flags) naming the samples that lack it and how to fill it."""
+    whole = share.rollout
+    has = whole.has_teacher_log_probs if column == "teacher_log_probs" else whole.has_routed_experts
+    missing = [whole.sample_indices[i] for i, ok in enumerate(has) if not ok]
     if missing:
         raise ValueError(
-            f"{flag}: {len(missing)} of {len(data)} samples have no {column} (sample indices {missing[:8]}): {hint}"
+            f"{flag}: {len(missing)} of {len(whole)} samples have no {column} (sample indices {missing[:8]}): {hint}"
         )
-    return values
+    return getattr(share.data, column)

@@ -19,7 +19,8 @@ from rollout.arguments import (
 from rollout.debug_data import add_debug_arguments, validate_debug_args
 from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
-from slime_like.megatron.flags import add_training_arguments, validate_training_args
+from slime_like.megatron.flags import add_training_arguments, mtp_config_problems, validate_training_args
+from slime_like.megatron.lora_flags import add_lora_arguments, validate_lora_args
 from slime_like.model_arguments import add_model_arguments, check_against_hf_config, text_config
 from slime_like.planner import (
     MEMORY_WARNING,
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_arguments(parser)
     add_megatron_arguments(parser)
     add_training_arguments(parser)
+    add_lora_arguments(parser)
     add_offload_arguments(parser)
     add_algorithm_arguments(parser)
     add_model_arguments(parser)
@@ -153,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         validate(args)
         config = load_hf_config(args.hf_checkpoint)
-        problems = check_against_hf_config(args, config)
+        problems = check_against_hf_config(args, config) + mtp_config_problems(args, text_config(config))
         apply_routing_replay(args, text_config(config))
     except (ArgumentError, ValueError, OSError) as exc:
         parser.error(str(exc))
@@ -238,6 +240,7 @@ def validate(args: argparse.Namespace) -> None:
     validate_megatron_args(args)
     validate_algorithm_args(args)
     validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts
+    validate_lora_args(args)  # after --fully-async is settled; adds SGLang's LoRA server flags
     validate_debug_args(args)
 
 

@@ -12,10 +12,8 @@ from typing import Any
 
 import ray
 
-from buffer.accounting import all_failed
-from buffer.train_data import build_train_data
-from rollout.debug_data import save_train_data
 from rollout.manager import RolloutManager
+from rollout.train_handoff import RolloutResult, TrainLayout
 from slime_like.actor_group import WATCH_INTERVAL, TrainGroup
 from slime_like.arguments import resolve_precision
 from slime_like.core.cluster import node_options
@@ -70,6 +68,10 @@ class Run:
         lines = placement.describe(self.engines)
         logger.info("placement on %d node(s):\n%s", len(lines), "\n".join(lines))
         self._write_placement()
+        if self.trainer is not None:  # rollouts are split over the trainer's DP ranks where they are generated
+            dp_size, multiple = self.trainer.data_parallel()
+            layout = TrainLayout(dp_size, multiple, args.global_batch_size)
+            self.wait(self.rollout.set_train_layout.remote(layout), "the rollout manager took the trainer's layout")
         self._check_transports()
         self.metrics = MetricsLogger(args.output_dir, args, args.use_tensorboard, args.use_wandb)
         # Colocated on GPU the trainer's memory leaves the GPU while the servers generate (--offload-train).
@@ -77,6 +79,8 @@ class Run:
         self.pending_metrics: dict[str, Any] = {"time/startup": time.monotonic() - start}
         self.weights_pushed = False  # whether the servers got the trainer's weights (and, with the flag, a check)
         self.start_rollout = self._load() if (args.load or args.ref_load) and self.trainer is not None else 0
+        if getattr(args, "lora_rank", 0) and not self.weights_pushed and self.has_both_sides:
+            self.update_weights(-1)  # LoRA: the servers start with the base only; load the adapter as version 0
         if args.check_weight_update and not self.weights_pushed and self.has_both_sides:
             worst = self.trainer.check_weights(self.server_urls, "before the first rollout")
             logger.info("before the first rollout: the servers match the trainer within %.2g", worst)
@@ -143,7 +147,8 @@ class Run:
         """The disk transport needs a filesystem that every engine node shares with trainer rank 0: checked once,
         before any update."""
         kinds = {self.args.update_weight_transport, self.args.update_weight_fallback}
-        if "disk" in kinds and self.has_both_sides:
+        lora = bool(getattr(self.args, "lora_rank", 0))  # LoRA adapters travel on disk too (weights/lora.py)
+        if ("disk" in kinds or lora) and self.has_both_sides:
             marker = Path(self.args.output_dir).resolve() / "weights" / f".visible-{uuid.uuid4().hex[:8]}"
             self.trainer.touch(str(marker))
             try:
@@ -151,37 +156,35 @@ class Run:
             finally:
                 marker.unlink(missing_ok=True)
             if unseen:
+                what = "the LoRA adapter transport" if lora else "the disk weight transport"
                 raise ArgumentError(
-                    f"the disk weight transport writes under {marker.parent} on trainer rank 0's node, but the "
+                    f"{what} writes under {marker.parent.parent} on trainer rank 0's node, but the "
                     f"engines {unseen} do not see that directory: put --output-dir on a filesystem every node "
                     "shares, or use --update-weight-transport distributed"
                 )
 
     def generate(self, rollout_id: int) -> ray.ObjectRef:
-        """Start one rollout; `ray.get` the handle for (groups, metrics)."""
-        return self.rollout.generate.remote(rollout_id)
+        """Start one rollout; `ray.get` the handle for its RolloutResult (the samples stay with the manager)."""
+        return self.rollout.train_batch.remote(rollout_id)
 
     def train(self, rollout_id: int, rollout: ray.ObjectRef) -> dict[str, Any]:
-        """Wait for a rollout, turn it into training data and take this rollout's optimizer steps."""
-        groups, metrics = self.wait(rollout, f"rollout {rollout_id} generated")
-        failed = all_failed(groups)
-        if failed:  # training on nothing step after step would hide it
+        """Wait for a rollout, then take its optimizer steps: each trainer rank fetches its own share."""
+        result: RolloutResult = self.wait(rollout, f"rollout {rollout_id} generated")
+        metrics = result.metrics
+        if result.failure:  # training on nothing step after step would hide it
             raise RolloutFailedError(
-                f"rollout {rollout_id}: {failed}. Generation errors point at the engines or the router (their "
-                "logs under --output-dir), reward errors at the reward function (--rm-type, --custom-rm-path)."
+                f"rollout {rollout_id}: {result.failure}. Generation errors point at the engines or the router "
+                "(their logs under --output-dir), reward errors at the reward function (--rm-type, --custom-rm-path)."
             )
         if self.trainer is None:  # --debug-rollout-only
             return metrics
-        data = build_train_data(groups, reward_key=self.args.reward_key)
-        if self.args.save_debug_train_data:
-            save_train_data(self.args.save_debug_train_data, rollout_id, data)
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
         colocated_gpu = self.args.colocate and self.use_gpu and self.args.offload_rollout is not False
         if colocated_gpu:
             ray.get(self.rollout.release_memory.remote())
         if self.offload_train:
             metrics.update(self.trainer.onload())
-        metrics.update(self.trainer.train(rollout_id, data))
+        metrics.update(self.trainer.train(rollout_id, result.shares))
         if colocated_gpu:
             ray.get(self.rollout.resume_memory.remote())
         return metrics
@@ -347,7 +350,7 @@ class Run:
 
     def next_batch(self, rollout_id: int) -> ray.ObjectRef:
         """The next batch of the continuous rollout, to train at weight version rollout_id (`train` waits for it)."""
-        return self.rollout.next_batch.remote(rollout_id)
+        return self.rollout.next_train_batch.remote(rollout_id)
 
     def update_weights_in_flight(self, rollout_id: int) -> float:
         """Push the trained weights (version rollout_id + 1) while generation is paused, not drained: with

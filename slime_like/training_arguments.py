@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
+
+from slime_like.trainer_hooks import add_trainer_hook_arguments, load_trainer_hooks
 
 
 def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +73,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     """Advantage estimator, policy-loss, off-policy, DAPO, SFT, critic and custom-hook flags."""
     from slime_like.algorithms.names import AGG_MODES, ESTIMATORS, KL_TYPES, LOSS_TYPES, MIS_LEVELS
 
+    add_trainer_hook_arguments(parser)
     g = parser.add_argument_group("algorithm")
     g.add_argument("--advantage-estimator", default="grpo", choices=ESTIMATORS)
     g.add_argument("--disable-grpo-std-normalization", action="store_true", help="Dr.GRPO: centre rewards only")
@@ -189,11 +193,17 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=["sglang", "megatron"],
         help="sglang: a teacher SGLang server at --rm-url scores the samples (slime.rollout.on_policy_distillation); "
-        "megatron (a frozen teacher in the trainer) is not available yet",
+        "megatron: a frozen teacher of the policy's architecture in the trainer, from --opd-teacher-load",
     )
     d.add_argument("--opd-kl-coef", type=float, default=1.0, help="weight of the teacher's reverse KL (slime: 1.0)")
-    d.add_argument("--opd-teacher-load", default=None, help="--opd-type megatron: the teacher's checkpoint")
+    d.add_argument(
+        "--opd-teacher-load",
+        default=None,
+        help="--opd-type megatron: the teacher's Megatron checkpoint (torch_dist, e.g. from "
+        "tools/convert_hf_to_torch_dist.py), the policy's architecture",
+    )
     n.add_argument("--megatron-config-path", default=None, help="slime's per-role Megatron YAML: not supported")
+    n.add_argument("--custom-model-provider-path", default=None, help="slime's model provider hook: not supported")
     g.add_argument(
         "--custom-config-path",
         default=None,
@@ -413,12 +423,15 @@ def _check_opd(args: argparse.Namespace) -> None:
     if args.opd_type is None:
         _error("--use-opd needs --opd-type: sglang (a teacher server at --rm-url) or megatron")
     if args.opd_type == "megatron":
-        _error(
-            "--opd-type megatron (a frozen teacher model inside the trainer) is not available yet: serve the teacher "
-            "with SGLang and use --opd-type sglang --rm-url http://TEACHER/generate --custom-rm-path "
-            "slime.rollout.on_policy_distillation.reward_func --custom-reward-post-process-path "
-            "slime.rollout.on_policy_distillation.post_process_rewards"
-        )
+        if args.opd_teacher_load is None:
+            _error(
+                "--opd-type megatron needs --opd-teacher-load: the teacher's Megatron checkpoint, of the policy's "
+                "architecture (make one from HF weights with tools/convert_hf_to_torch_dist.py); a teacher of "
+                "another architecture is served with --opd-type sglang"
+            )
+        if not Path(args.opd_teacher_load).exists():
+            _error(f"--opd-teacher-load {args.opd_teacher_load}: no such directory")
+        return
     if args.opd_teacher_load is not None:
         _error("--opd-teacher-load is for --opd-type megatron; with sglang the teacher is the server at --rm-url")
 
@@ -426,6 +439,12 @@ def _check_opd(args: argparse.Namespace) -> None:
 def _reject_unsupported(args: argparse.Namespace) -> None:
     """slime's flags for features this engine does not have: an error naming the flag and why."""
     _check_opd(args)
+    if args.custom_model_provider_path:
+        _error(
+            "--custom-model-provider-path is not supported: the model is built from the HF config by the family "
+            "registry (slime_like/megatron/families.py, bridges.py), and its weights are loaded and exported by "
+            "name through it; a new architecture is added there (docs/models.md), not by a provider function"
+        )
     if args.megatron_config_path:
         _error(
             "--megatron-config-path (slime's per-role Megatron YAML) is not supported: the critic shares the "
@@ -450,6 +469,7 @@ def _check_hooks(args: argparse.Namespace) -> None:
             load_plugin(
                 args.custom_advantage_function_path, "--custom-advantage-function-path", params=2, is_async=False
             )
+        load_trainer_hooks(args)
     except PluginError as exc:
         _error(str(exc))
 

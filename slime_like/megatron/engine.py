@@ -1,9 +1,11 @@
 """MegatronTrainEngine: packed log-prob forwards and optimizer steps on Megatron model chunks.
 
-Batches are lists of variable-length token sequences. The caller always passes the FULL global batch
-(the same list on every rank); the engine splits it over data-parallel ranks itself (token-balanced,
-deterministic), packs each rank's share into micro-batches of at most `max_tokens_per_micro_batch`
-tokens, and runs Megatron's forward-backward schedule (1F1B when PP > 1).
+Batches are lists of variable-length token sequences. By default the caller passes the FULL global batch
+(the same list on every rank) and the engine splits it over data-parallel ranks itself (token-balanced,
+deterministic). With local=True the caller passes this DP rank's share (the trainer's path: the rollout side
+split the rollout, buffer/train_data.py) and per-sequence outputs stay on the rank. Either way each rank's
+sequences are packed into micro-batches of at most `max_tokens_per_micro_batch` tokens and run through
+Megatron's forward-backward schedule (1F1B when PP > 1).
 
 Micro-batch layout (packing.py): "thd" with Transformer Engine (one row, PackedSeqParams, each sequence
 padded for sequence/context parallel), "packed" on Megatron's local spec (one row, block-diagonal mask);
@@ -16,7 +18,8 @@ already divided by the global normaliser (e.g. the token count of the whole batc
 can compute because it holds the whole batch). The engine multiplies each share by loss_rescale(), which
 undoes Megatron's averaging, so the gradient is exactly the gradient of the sum of shares over all
 micro-batches and DP ranks (each CP rank computes the same shares; see context_parallel.py for why
-they count once).
+they count once). With MTP layers (mtp_layers > 0, --enable-mtp-training) each training micro-batch's share also
+carries its part of the scaled MTP loss (mtp.py), rescaled the same way.
 
 A step whose loss or gradients are not finite (NaN/inf) is skipped on every rank alike: the optimizer and the
 learning-rate schedule do not move, a warning says so, and the step's metrics carry skipped_steps=1 and
@@ -37,7 +40,9 @@ from typing import Any
 import torch
 
 from slime_like.megatron import context_parallel as cp_lib
+from slime_like.megatron import lora as lora_lib
 from slime_like.megatron import model as model_lib
+from slime_like.megatron import mtp as mtp_lib
 from slime_like.megatron import routing_replay as replay_lib
 from slime_like.megatron.cpu_compat import ON_CUDA, cuda_to_cpu
 from slime_like.megatron.logprobs import logprobs_and_entropy
@@ -85,6 +90,22 @@ def loss_rescale(num_microbatches: int) -> int:
 
     dp_cp = mpu.get_data_parallel_world_size(with_context_parallel=True)
     return num_microbatches * dp_cp // mpu.get_context_parallel_world_size()
+
+
+def _merge_indexed(parts: list[dict[int, Any]]) -> dict[int, Any]:
+    """Per-sequence outputs of several ranks, by batch index, in one dict."""
+    return {i: v for part in parts for i, v in part.items()}
+
+
+def _max_over_dp(count: int, device: torch.device) -> int:
+    """The largest `count` of the DP ranks (each plans its own share; the schedule needs one micro-batch count)."""
+    from megatron.core import parallel_state as mpu
+
+    if mpu.get_data_parallel_world_size() == 1:
+        return count
+    box = torch.tensor([count], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(box, op=torch.distributed.ReduceOp.MAX, group=mpu.get_data_parallel_group())
+    return int(box.item())
 
 
 def _sum_dicts(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -152,6 +173,9 @@ class MegatronTrainEngine:
         temperature: float = 1.0,
         value_head: bool = False,
         layout: str | None = None,
+        mtp_layers: int = 0,
+        mtp_loss_scaling_factor: float = 0.2,
+        lora: lora_lib.LoraSettings | None = None,
         **config_overrides: Any,
     ) -> None:
         """Build the model from an HF checkpoint (after init_parallel); optimizer=None: forward only.
@@ -159,6 +183,8 @@ class MegatronTrainEngine:
         value_head=True builds a critic: the output layer is a zero-initialised hidden -> 1 linear
         (mbridge's value model), and the per-sequence outputs are values instead of log-probs.
         layout: the micro-batch layout (choose_layout; None picks the fast one for the attention used).
+        mtp_layers > 0 builds and trains that many multi-token-prediction layers (mtp.py, --enable-mtp-training).
+        lora: LoRA adapters on the linear layers, the base frozen and the optimizer over the adapters only (lora.py).
         """
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import finalize_model_grads
@@ -176,10 +202,27 @@ class MegatronTrainEngine:
             raise ValueError(
                 f"--context-parallel-size {self.cp_size} needs the 'thd' micro-batch layout, not {self.layout!r}"
             )
-        if value_head:
-            self.bridge.get_model = partial(self.bridge.get_model, post_model_creation_callbacks=[_value_head])
+        callbacks = [_value_head] if value_head else []
+        self.lora = lora
+        if lora is not None:  # adapters are added and the base frozen before DDP builds its gradient buffers
+            sequence_parallel = bool(getattr(self.bridge.config, "sequence_parallel", False))
+            lora_lib.check_supported(
+                mpu.get_pipeline_model_parallel_world_size(),
+                sequence_parallel,
+                self.transformer_engine,
+                mpu.get_tensor_model_parallel_world_size(),
+                lora.dropout,
+            )
+            callbacks.append(lora_lib.lora_callback(lora))
+        if callbacks:
+            self.bridge.get_model = partial(self.bridge.get_model, post_model_creation_callbacks=callbacks)
+        if mtp_layers:
+            if value_head:
+                raise ValueError("MTP layers belong to the policy: a critic (value_head=True) is built without them")
+            mtp_lib.enable_mtp(self.bridge, mtp_layers, mtp_loss_scaling_factor)
         distributed_optimizer = optimizer is not None and optimizer.use_distributed_optimizer
         self.model = model_lib.build_model(self.bridge, optimizer is not None, distributed_optimizer)
+        self.mtp = mtp_lib.MTPTraining(self.model, mtp_layers, mtp_loss_scaling_factor) if mtp_layers else None
         with _value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
         self.optimizer = self.scheduler = None
@@ -206,40 +249,43 @@ class MegatronTrainEngine:
         sequences: Sequence[Sequence[int] | torch.Tensor],
         with_entropy: bool = False,
         routing: Sequence[Any] | None = None,
+        local: bool = False,
     ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per sequence (full batch, on every rank): log p(token_t | tokens_<t) for t >= 1 [, entropies].
+        """Per sequence (of the full batch on every rank; local=True: of this DP rank's share):
+        log p(token_t | tokens_<t) for t >= 1 [, entropies].
 
         routing: per sequence the experts to replay, [L - 1, layers, topk] (routing_replay.py; None: route freely)."""
         for m in self.model:
             m.eval()
         collect = partial(self._collect, with_entropy=with_entropy)
         with torch.no_grad():
-            stores = self._run(sequences, collect, forward_only=True, replay=self._replay(routing))
-        local = {i: v for store in stores for i, v in store.items()}
-        merged = share_from_last_stage(local, lambda parts: {i: v for part in parts for i, v in part.items()})
+            stores = self._run(sequences, collect, forward_only=True, replay=self._replay(routing), local=local)
+        outputs = {i: v for store in stores for i, v in store.items()}
+        merged = share_from_last_stage(outputs, _merge_indexed, over_dp=not local)
         logprobs = [merged[i][0] for i in range(len(sequences))]
         return (logprobs, [merged[i][1] for i in range(len(sequences))]) if with_entropy else logprobs
 
     def forward_logprobs_and_routing(
-        self, sequences: Sequence[Sequence[int] | torch.Tensor]
+        self, sequences: Sequence[Sequence[int] | torch.Tensor], local: bool = False
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """forward_logprobs, and the experts each MoE router picked per sequence, [L - 1, layers, topk] int32 on
-        every rank (--use-routing-replay records them in the old-policy forward)."""
+        every rank (--use-routing-replay records them in the old-policy forward); local=True as forward_logprobs."""
         from megatron.core import parallel_state as mpu
 
         for m in self.model:
             m.eval()
         replay = self._replay(None, record=True)
         with torch.no_grad():
-            stores = self._run(sequences, partial(self._collect, with_entropy=False), forward_only=True, replay=replay)
-        local = {i: v for store in stores for i, v in store.items()}
-        merged = share_from_last_stage(local, lambda parts: {i: v for part in parts for i, v in part.items()})
-        # Each rank recorded its DP share's sequences for its pipeline stage's layers: every rank gets them all.
+            collect = partial(self._collect, with_entropy=False)
+            stores = self._run(sequences, collect, forward_only=True, replay=replay, local=local)
+        outputs = {i: v for store in stores for i, v in store.items()}
+        merged = share_from_last_stage(outputs, _merge_indexed, over_dp=not local)
+        # Each rank recorded its DP share's sequences for its pipeline stage's layers: every rank gets them all
+        # (local: its share's, from every stage).
         parts = [replay.local_recorded()]
-        for size, group in (
-            (mpu.get_data_parallel_world_size(), mpu.get_data_parallel_group()),
-            (mpu.get_pipeline_model_parallel_world_size(), mpu.get_pipeline_model_parallel_group()),
-        ):
+        groups = [] if local else [(mpu.get_data_parallel_world_size(), mpu.get_data_parallel_group())]
+        groups.append((mpu.get_pipeline_model_parallel_world_size(), mpu.get_pipeline_model_parallel_group()))
+        for size, group in groups:
             if size > 1:
                 gathered: list[Any] = [None] * size
                 torch.distributed.all_gather_object(gathered, parts, group=group)
@@ -248,10 +294,12 @@ class MegatronTrainEngine:
         routing = replay_lib.assemble(parts, len(sequences), config.num_layers, config.moe_router_topk)
         return [merged[i][0] for i in range(len(sequences))], routing
 
-    def forward_values(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> list[torch.Tensor]:
+    def forward_values(
+        self, sequences: Sequence[Sequence[int] | torch.Tensor], local: bool = False
+    ) -> list[torch.Tensor]:
         """A critic's (value_head=True) per-sequence values of the states before tokens 1..L-1."""
         assert self.value_head, "engine was built without a value head"
-        return self.forward_logprobs(sequences)
+        return self.forward_logprobs(sequences, local=local)
 
     def train_step(
         self,
@@ -261,13 +309,21 @@ class MegatronTrainEngine:
         with_entropy: bool = False,
         entropy_grad: bool = True,
         routing: Sequence[Any] | None = None,
+        local: bool = False,
+        mtp_loss_masks: Sequence[torch.Tensor] | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on the full batch; returns summed loss/metric shares, grad_norm and lr.
+        """One optimizer step on the full batch (local=True: on this DP rank's share of the step); returns the loss
+        and metric shares summed over all ranks, grad_norm and lr.
 
         entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward.
-        routing: per sequence the experts to replay in the forward (and any recompute), as in forward_logprobs."""
+        routing: per sequence the experts to replay in the forward (and any recompute), as in forward_logprobs.
+        mtp_loss_masks: with MTP layers, per sequence the tokens the MTP loss counts, aligned with its log-probs."""
         assert self.optimizer is not None, "engine was built without an optimizer"
         assert len(per_sequence_data) == len(sequences), "one data item per sequence"
+        if self.mtp is not None:
+            if mtp_loss_masks is None:
+                raise ValueError("this engine trains MTP layers (--enable-mtp-training): pass mtp_loss_masks")
+            self.mtp.begin_step([len(s) for s in sequences], mtp_loss_masks, dp_sum=local)
         for m in self.model:
             m.train()
             m.zero_grad_buffer()
@@ -275,7 +331,11 @@ class MegatronTrainEngine:
         compute = partial(
             self._loss, data=per_sequence_data, loss_fn=loss_fn, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
-        stores = self._run(sequences, compute, forward_only=False, replay=self._replay(routing))
+        try:
+            stores = self._run(sequences, compute, forward_only=False, replay=self._replay(routing), local=local)
+        finally:
+            if self.mtp is not None:
+                self.mtp.end_step()
         totals: dict[str, float] = {}
         for store in stores:
             for key, value in store.items():
@@ -341,6 +401,24 @@ class MegatronTrainEngine:
         """Yield (hf_name, full tensor) on every rank (gathered over TP/PP; views of live params)."""
         return model_lib.export_hf_weights(self.bridge, self.model)
 
+    def export_adapter(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (PEFT key, full tensor) of the LoRA adapter on every rank (a collective: gathers over TP)."""
+        assert self.lora is not None, "engine was built without LoRA"
+        return lora_lib.export_adapter(self.model, self.bridge.hf_config, _model_config(self.model[0]))
+
+    def save_adapter(self, directory: str | Path) -> Path | None:
+        """Save the LoRA adapter in HF PEFT format (a collective; rank 0 writes and gets the directory)."""
+        assert self.lora is not None, "engine was built without LoRA"
+        base = str(self.bridge.slime_like_hf_dir)
+        config = _model_config(self.model[0])
+        return lora_lib.save_adapter(self.model, self.bridge.hf_config, config, self.lora, directory, base)
+
+    def load_adapter(self, directory: str | Path) -> None:
+        """Set the LoRA adapter from an HF PEFT adapter directory (of this engine's rank and alpha)."""
+        assert self.lora is not None, "engine was built without LoRA"
+        config = _model_config(self.model[0])
+        lora_lib.load_adapter(self.model, self.bridge.hf_config, config, self.lora, directory)
+
     def save_checkpoint(self, directory: str | Path, iteration: int = 0) -> None:
         """Save model, optimizer, scheduler and RNG states with Megatron dist_checkpointing (torch_dist)."""
         from slime_like.megatron.checkpoint import save_checkpoint
@@ -364,20 +442,25 @@ class MegatronTrainEngine:
 
     # ---- internals ----
 
-    def _plan(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> list[MicroBatch]:
-        """This DP rank's micro-batches; every DP rank gets the same count (filler micro-batches)."""
+    def _plan(self, sequences: Sequence[Sequence[int] | torch.Tensor], local: bool = False) -> list[MicroBatch]:
+        """This DP rank's micro-batches (local: of all `sequences`, its share); every DP rank gets the same count
+        (filler micro-batches)."""
         from megatron.core import parallel_state as mpu
 
         lengths = [len(s) for s in sequences]
         if self.layout == "thd":  # budgets count the padding each sequence gets
             lengths = [padded_length(n, self.pad_multiple) for n in lengths]
-        shares = split_for_dp(lengths, mpu.get_data_parallel_world_size())
-        plans = [split_micro_batches(share, lengths, self.max_tokens) for share in shares]
-        count = max(1, *(len(p) for p in plans))
+        if local:
+            plans = [split_micro_batches(range(len(lengths)), lengths, self.max_tokens)]
+            count = _max_over_dp(max(1, len(plans[0])), self.device)
+        else:
+            shares = split_for_dp(lengths, mpu.get_data_parallel_world_size())
+            plans = [split_micro_batches(share, lengths, self.max_tokens) for share in shares]
+            count = max(1, *(len(p) for p in plans))
         if len(self.model) > 1:  # the interleaved (VPP) schedule wants a multiple of PP micro-batches
             pp = mpu.get_pipeline_model_parallel_world_size()
             count = -(-count // pp) * pp
-        mine = plans[mpu.get_data_parallel_rank()]
+        mine = plans[0 if local else mpu.get_data_parallel_rank()]
         mine = mine + [[] for _ in range(count - len(mine))]
         return [pack(sequences, ids, self.layout, self.pad_multiple) for ids in mine]
 
@@ -411,12 +494,12 @@ class MegatronTrainEngine:
             groups=(mpu.get_context_parallel_group(), mpu.get_tensor_model_parallel_group()),
         )
 
-    def _run(self, sequences, compute: Callable, forward_only: bool, replay=None) -> list[dict]:
+    def _run(self, sequences, compute: Callable, forward_only: bool, replay=None, local: bool = False) -> list[dict]:
         """Run Megatron's forward-backward schedule; `compute(mb, shard, num_mb, output)` is the loss function;
         `replay` (routing_replay.RoutingReplay) sets the routers' experts around each micro-batch's forward."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        micro_batches = self._plan(sequences)
+        micro_batches = self._plan(sequences, local)
         num_mb = len(micro_batches)
 
         def forward_step(data_iterator, model):
@@ -427,6 +510,9 @@ class MegatronTrainEngine:
             mask = None if self.transformer_engine or mb.attention_mask is None else mb.attention_mask.to(self.device)
             if replay is not None:
                 replay.before(model, mb)
+            with_mtp = self.mtp is not None and not forward_only
+            if with_mtp:
+                self.mtp.set_targets(model, mb, self.device)
             output = model(
                 tokens.to(self.device),
                 positions.to(self.device),
@@ -435,6 +521,9 @@ class MegatronTrainEngine:
             )
             if replay is not None:
                 replay.after(model, mb)
+            if with_mtp:
+                mtp_loss = self.mtp.take_loss(model)
+                return output, partial(self._with_mtp_loss, mtp_loss, num_mb, partial(compute, mb, shard, num_mb))
             return output, partial(compute, mb, shard, num_mb)
 
         iterators = [iter(micro_batches) for _ in self.model]
@@ -488,6 +577,14 @@ class MegatronTrainEngine:
             i: (lp.cpu(), None if e is None else e.cpu()) for i, lp, e in zip(real, logprobs, entropy, strict=True)
         }
         return logits.new_zeros(()), store
+
+    @staticmethod
+    def _with_mtp_loss(mtp: tuple[torch.Tensor, dict[str, torch.Tensor]], num_mb: int, loss: Callable, logits):
+        """A training loss function's result with this micro-batch's MTP loss share added (mtp.py) and logged."""
+        share, reported = loss(logits)
+        mtp_share, metrics = mtp
+        # Rescaled as the policy share is (loss_rescale); the logged "loss" stays the policy loss, as in slime.
+        return share + mtp_share * loss_rescale(num_mb), {**reported, **metrics}
 
     def _loss(self, mb, shard, num_mb, logits, data, loss_fn: LossFn, with_entropy: bool, entropy_grad: bool):
         """Training loss function: the user's share, rescaled to survive Megatron's averaging."""

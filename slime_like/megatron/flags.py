@@ -28,9 +28,10 @@ ALWAYS_NO_EFFECT: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("--seq-length", {"type": int, "default": None}, "sequences are packed by --max-tokens-per-gpu"),
     ("--enable-experimental", {"action": "store_true"}, "no experimental Megatron feature is used"),
     ("--micro-batch-size", {"type": int, "default": 1}, "micro-batches are packed by --max-tokens-per-gpu"),
-    ("--mtp-num-layers", {"type": int, "default": None}, "the engine builds no multi-token-prediction layers"),
-    ("--mtp-loss-scaling-factor", {"type": float, "default": 0.2}, "no MTP layers are trained"),
 )
+
+# Model families whose multi-token-prediction layers --enable-mtp-training builds and trains (slime_like/megatron/mtp.py).
+MTP_TRAINED_FAMILIES = ("mimo",)
 
 # Megatron TransformerConfig switches honoured with Transformer Engine on GPU (the local spec has them off):
 # (flag, TransformerConfig field, value the flag sets).
@@ -78,7 +79,20 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         r.add_argument(flag, action="store_true", help="GPU with Transformer Engine (off on the CPU path)")
     for flag, kwargs, why in ALWAYS_NO_EFFECT:
         r.add_argument(flag, help=f"accepted without effect: {why}", **kwargs)
-    r.add_argument("--enable-mtp-training", action="store_true", help="not supported: the engine builds no MTP layers")
+    m = parser.add_argument_group("multi-token prediction (slime)")
+    m.add_argument(
+        "--enable-mtp-training",
+        action="store_true",
+        help=f"build, train and export the checkpoint's MTP layers ({', '.join(MTP_TRAINED_FAMILIES)}); without it "
+        "they are passed through unchanged",
+    )
+    m.add_argument("--mtp-num-layers", type=int, default=None, help="the checkpoint's num_nextn_predict_layers")
+    m.add_argument(
+        "--mtp-loss-scaling-factor",
+        type=float,
+        default=0.2,
+        help="the MTP loss enters the step's loss x this / --mtp-num-layers",
+    )
     b = parser.add_argument_group("micro-batching (slime)")
     b.add_argument(
         "--use-dynamic-batch-size",
@@ -88,7 +102,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument(
         "--balance-data",
         action="store_true",
-        help="balance the work over DP ranks: the engine always splits sequences by tokens over DP ranks",
+        help="balance the work over DP ranks: each step of a rollout is always split by tokens over DP ranks",
     )
     b.add_argument(
         "--num-steps-per-rollout",
@@ -106,10 +120,7 @@ def validate_training_args(args: argparse.Namespace) -> None:
 
     apply_custom_config(args)  # first, so every check below sees the values it sets
     if args.enable_mtp_training:
-        raise ArgumentError(
-            "--enable-mtp-training is not supported: the engine builds the model without multi-token-prediction "
-            "layers (drop the flag; --mtp-num-layers is accepted without effect)"
-        )
+        _check_mtp_layout(args)
     k = args.num_steps_per_rollout
     if k is not None:
         samples = args.rollout_batch_size * args.n_samples_per_prompt
@@ -139,6 +150,47 @@ def validate_training_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and not 0.0 <= value < 1.0:
             raise ArgumentError(f"--{flag.replace('_', '-')} {value} must be in [0, 1)")
+
+
+def _check_mtp_layout(args: argparse.Namespace) -> None:
+    """--enable-mtp-training's needs that the command line alone decides (as slime: --mtp-num-layers is required)."""
+    from slime_like.core.errors import ArgumentError
+
+    if not args.mtp_num_layers or args.mtp_num_layers < 1:
+        raise ArgumentError(
+            "--enable-mtp-training needs --mtp-num-layers N: the number of MTP layers of the checkpoint "
+            "(its config's num_nextn_predict_layers)"
+        )
+    pp, cp = args.pipeline_model_parallel_size, args.context_parallel_size
+    if pp > 1 or cp > 1:
+        raise ArgumentError(
+            f"--enable-mtp-training with --pipeline-model-parallel-size {pp} / --context-parallel-size {cp}: MTP "
+            "layers are trained with PP 1 and CP 1 only (the MTP loss does not follow a CP split, and the MTP "
+            "block on the last pipeline stage is not loaded from HF yet); use TP/EP/DP, or drop the flag"
+        )
+
+
+def mtp_engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy engine's MTP arguments (MegatronTrainEngine): none without --enable-mtp-training."""
+    if not getattr(args, "enable_mtp_training", False):
+        return {}
+    return {"mtp_layers": args.mtp_num_layers, "mtp_loss_scaling_factor": args.mtp_loss_scaling_factor}
+
+
+def mtp_config_problems(args: argparse.Namespace, hf_config: Any) -> list[str]:
+    """What in the HF config contradicts --enable-mtp-training (model family, MTP layers the checkpoint has);
+    --mtp-num-layers against the config's count is model_arguments' check."""
+    if not args.enable_mtp_training:
+        return []
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in MTP_TRAINED_FAMILIES:
+        return [
+            f"--enable-mtp-training: MTP layers are trained for {', '.join(MTP_TRAINED_FAMILIES)} only, not "
+            f"model_type {model_type!r} (without the flag its MTP layers are passed through unchanged)"
+        ]
+    if not any(getattr(hf_config, f, None) for f in ("num_nextn_predict_layers", "mtp_num_hidden_layers")):
+        return ["--enable-mtp-training: the checkpoint has no MTP layers (num_nextn_predict_layers is 0 or absent)"]
+    return []
 
 
 def optimizer_settings(
@@ -196,6 +248,9 @@ def model_config_overrides(args: argparse.Namespace, transformer_engine: bool, c
 def no_effect_flags(args: argparse.Namespace, transformer_engine: bool, cuda: bool) -> list[str]:
     """The flags given on this command line that change nothing on this machine."""
     found = [flag for flag, kw, _ in ALWAYS_NO_EFFECT if getattr(args, _dest(flag)) != kw.get("default", False)]
+    if not args.enable_mtp_training:  # the MTP layers are then passed through, not built
+        found += ["--mtp-num-layers"] if args.mtp_num_layers is not None else []
+        found += ["--mtp-loss-scaling-factor"] if args.mtp_loss_scaling_factor != 0.2 else []
     if not transformer_engine:
         found += ["--attention-backend"] if args.attention_backend is not None else []
         found += ["--deterministic-mode"] if args.deterministic_mode else []

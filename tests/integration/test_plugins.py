@@ -32,7 +32,7 @@ import dataclasses
 from plugins.group_generate import generate_group
 from rollout.generate import generate as default_generate
 
-CALLS = {"gen": [], "group_gen": [], "group_rm": [], "buffer": [], "hook": []}
+CALLS = {"gen": [], "group_gen": [], "group_rm": [], "buffer": [], "hook": [], "log": []}
 
 
 async def gen(ctx, sample, params):
@@ -87,6 +87,16 @@ async def second_hook(args, sample, **kwargs):
 
 def bad_hook(args, sample):
     return 3
+
+
+def log_rollout(rollout_id, args, samples, extra_metrics, rollout_time):
+    CALLS["log"].append(("rollout", rollout_id, len(samples), extra_metrics["rollout/reward_mean"], rollout_time))
+    return True  # skip the default logging
+
+
+def log_eval(rollout_id, args, data, extra_metrics):
+    CALLS["log"].append(("eval", rollout_id, {k: len(v["samples"]) for k, v in data.items()}, data["a"]["rewards"]))
+    return False
 
 
 class NoMethods:
@@ -185,16 +195,24 @@ def test_sample_hooks_run_in_order_before_scoring(make: Any, task: Path) -> None
     hooks = ["--rollout-sample-hook-path", "hooks_under_test.first_hook"]
     hooks += ["--rollout-sample-hook-path", "hooks_under_test.second_hook"]
     evals = ["--eval-prompt-data", "a", str(task / "eval_a.jsonl"), "--eval-max-response-len", "2"]
-    m = make(*hooks, *evals, "--custom-rm-path", "hooks_under_test.index_rm")
-    groups, _ = m.generate(5)
+    logs = ["--custom-rollout-log-function-path", "hooks_under_test.log_rollout"]
+    logs += ["--custom-eval-rollout-log-function-path", "hooks_under_test.log_eval"]
+    m = make(*hooks, *evals, *logs, "--custom-rm-path", "hooks_under_test.index_rm")
+    groups, metrics = m.generate(5)
     assert sorted(i for i, _, _ in calls()["hook"]) == list(range(8))
     assert {(rollout_id, reward) for _, rollout_id, reward in calls()["hook"]} == {(5, None)}  # not scored yet
     samples = [s for g in groups for s in g]  # the second hook's replacements, scored
     assert all(s.metadata["hooked_in"] == 5 and s.metadata["evaluation"] is False for s in samples)
     assert [s.reward for s in samples] == [1.0 if s.index % 4 == 0 else 0.0 for s in samples]
+    # slime's log function saw the rollout's 8 samples and said to skip the default sample metrics.
+    (log,) = calls()["log"]
+    assert log[:4] == ("rollout", 5, 8, 0.25) and log[4] > 0
+    assert "rollout/reward_mean" not in metrics and "rollout/time" in metrics
     calls()["hook"].clear()
-    m.evaluate(5)
+    eval_metrics = m.evaluate(5)
     assert len(calls()["hook"]) == 3  # one greedy sample per eval prompt
+    assert calls()["log"][1] == ("eval", 5, {"a": 3}, [1.0 if s % 4 == 0 else 0.0 for s in (0, 1, 2)])
+    assert "eval/a/reward_mean" in eval_metrics  # the eval log function returned False: defaults stay
     bad = make("--rollout-sample-hook-path", "hooks_under_test.bad_hook")
     with pytest.raises(Exception, match="--rollout-sample-hook-path='hooks_under_test.bad_hook' returned int"):
         bad.generate(0)

@@ -12,7 +12,16 @@ import torch
 
 from tests.megatron.launch import REPO_ROOT, torchrun
 from tests.megatron.test_families import safetensors_of
-from tests.megatron.tiny_families import make_deepseek_v3, make_glm4, make_glm4_moe, make_llama3, make_mimo
+from tests.megatron.tiny_families import (
+    make_deepseek_v3,
+    make_glm4,
+    make_glm4_moe,
+    make_llama3,
+    make_mimo,
+    make_minimax_m2,
+    make_qwen3_5,
+    make_qwen3_next,
+)
 from tools import convert_hf_to_torch_dist, convert_torch_dist_to_hf
 
 WORKER = Path(__file__).with_name("convert_worker.py")
@@ -39,6 +48,11 @@ def test_round_trips_across_layouts_are_bit_exact(tiny_qwen3, tiny_qwen2_untied,
         "glm4": (make_glm4(tmp_path / "glm4", tiny_qwen3), ()),
         # Its MTP layer (model.mtp_layers.0) is copied from the original too; custom config code travels along.
         "mimo": (make_mimo(tmp_path / "mimo", tiny_qwen3), ()),
+        # Its all-heads q/k norms are whole on every TP rank; block_sparse_moe experts split over EP.
+        "minimax_m2": (make_minimax_m2(tmp_path / "minimax_m2", tiny_qwen3), MOE),
+        # Gated delta net: in_proj and conv1d split per part over TP; Qwen3.5's vision tower is copied through.
+        "qwen3_next": (make_qwen3_next(tmp_path / "qwen3_next", tiny_qwen3), MOE),
+        "qwen3_5_moe": (make_qwen3_5(tmp_path / "qwen3_5_moe", tiny_qwen3, moe=True), MOE),
     }
     steps = []
     for name, (hf, moe) in families.items():

@@ -21,6 +21,7 @@ LAYERS = {
     "slime_like.actor": 3,
     "slime_like.model_arguments": 3,
     "slime_like.training_arguments": 3,
+    "slime_like.trainer_hooks": 3,
     "plugins": 4,
     # Adapters for plugins written for slime, imported (as `slime`) only by the loader's finder, by name.
     "slime_like.compat": 4,

@@ -170,7 +170,7 @@ def test_num_steps_per_rollout(base: list[str], capsys: pytest.CaptureFixture[st
     [
         (["--recompute-granularty", "full"], "unrecognized arguments: --recompute-granularty full"),
         (["--optimizer", "muon"], "argument --optimizer: invalid choice: 'muon'"),
-        (["--enable-mtp-training"], "--enable-mtp-training is not supported"),
+        (["--enable-mtp-training"], "--enable-mtp-training needs --mtp-num-layers N"),
         (["--recompute-granularity", "full"], "needs --recompute-method and --recompute-num-layers"),
         (["--recompute-method", "uniform"], "need --recompute-granularity full"),
         (["--hidden-dropout", "1.5"], "--hidden-dropout 1.5 must be in [0, 1)"),
@@ -254,8 +254,12 @@ def test_defaults_equal_slime(base: list[str]) -> None:
     ("extra", "message"),
     [
         (["--use-opd"], "--use-opd needs --opd-type: sglang"),
-        (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "/t"], "--opd-type megatron (a frozen teacher"),
+        (["--use-opd", "--opd-type", "megatron"], "--opd-type megatron needs --opd-teacher-load"),
+        (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "/no/such/t"], "/no/such/t: no such directory"),
         (["--opd-teacher-load", "/t"], "--opd-teacher-load is set but --use-opd is not"),
+        (["--prefill-num-servers", "1"], "transfer engine (mooncake or nixl"),
+        (["--sglang-config", "groups.yaml"], "--sglang-config (named model/server groups"),
+        (["--custom-model-provider-path", "m.provider"], "--custom-model-provider-path is not supported"),
         (["--use-opd", "--opd-type", "sglang", "--opd-teacher-load", "/t"], "--opd-teacher-load is for --opd-type"),
         (["--megatron-config-path", "m.yaml"], "--megatron-config-path (slime's per-role Megatron YAML)"),
         (["--update-weight-mode", "delta"], "--update-weight-mode delta is not supported"),
@@ -623,12 +627,16 @@ SLIME_MODEL_FILES: dict[str, list[str]] = {
 
 # Families the registry gains in this round (slime_like/megatron/families.py): each start passes once its family is
 # registered and ends with the family error until then. The others are not planned: their start must end with it.
-PENDING_FAMILIES = {"glm4_moe_lite", "glm4_moe", "kimi_k2", "glm4", "mimo"}
-UNSUPPORTED_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "glm_moe_dsa", "minimax_m2"}
+PENDING_FAMILIES = {"glm4_moe_lite", "glm4_moe", "kimi_k2", "glm4", "mimo", "minimax_m2", "qwen3_next", "qwen3_5",
+                    "qwen3_5_moe", "glm_moe_dsa"}  # fmt: skip
+UNSUPPORTED_FAMILIES: set[str] = set()
 _DENSE_LAYOUT = ["--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2"]
 _MOE_LAYOUT = ["--actor-num-nodes", "4", "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
                "--expert-model-parallel-size", "32", "--expert-tensor-parallel-size", "1", "--optimizer-cpu-offload"]  # fmt: skip
 _DENSE_MODELS = {"glm4-9B", "mimo-7B-rl", "qwen3.5-0.8B", "qwen3.5-27B"}
+# slime's run-qwen3.5-27B.sh layout (TP4 x PP2, optimizer on the CPU): TP2 alone needs 123 GiB per GPU.
+_LAYOUT_OF = {"qwen3.5-27B": ["--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "4",
+                              "--pipeline-model-parallel-size", "2", "--optimizer-cpu-offload"]}  # fmt: skip
 
 
 def _registered(model_type: str) -> bool:
@@ -659,7 +667,9 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
     return lambda model: write_reference_config(model, root / model) if not (root / model).exists() else root / model
 
 
-@pytest.mark.parametrize("model", sorted(set(SLIME_MODEL_FILES) - {"glm4.7-flash", "glm4.7-355B-A32B", "kimi-k2"}))
+@pytest.mark.parametrize(
+    "model", sorted(set(SLIME_MODEL_FILES) - {"glm4.7-flash", "glm4.7-355B-A32B", "kimi-k2", "glm5-744B-A40B"})
+)
 def test_slime_model_files_of_new_families_start(
     model: str, published: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -667,7 +677,7 @@ def test_slime_model_files_of_new_families_start(
     hf = published(model)
     model_type = json.loads((hf / "config.json").read_text())["model_type"]
     assert model_type in PENDING_FAMILIES | UNSUPPORTED_FAMILIES | {"deepseek_v3"}
-    layout = _DENSE_LAYOUT if model in _DENSE_MODELS else _MOE_LAYOUT
+    layout = _LAYOUT_OF.get(model) or (_DENSE_LAYOUT if model in _DENSE_MODELS else _MOE_LAYOUT)
     argv = [*SLIME_MODEL_FILES[model], "--hf-checkpoint", str(hf), "--prompt-data", "p.jsonl", "--num-rollout", "10",
             "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--colocate", *layout,
             "--rollout-num-gpus-per-engine", "8"]  # fmt: skip
@@ -694,8 +704,12 @@ def test_slime_model_files_of_new_families_start(
             "--num-attention-heads 32 contradicts num_attention_heads=16",
         ),
         ("qwen3.5-35B-A3B", "--rotary-base", "1000000", "contradicts rope_theta=10000000"),
+        ("qwen3-next-80B-A3B", "--rotary-percent", "0.5", "contradicts partial_rotary_factor=0.25"),
+        ("qwen3-next-80B-A3B", "--num-experts", "256", "--num-experts 256 contradicts num_experts=512"),
         ("mimo-7B-rl", "--mtp-num-layers", "2", "--mtp-num-layers 2 contradicts num_nextn_predict_layers=1"),
         ("minimax-m2", "--rotary-percent", "0.25", "contradicts rotary_dim / head_dim=0.5"),
+        # MiniMax-M2 has no moe_intermediate_size: its experts are intermediate_size wide.
+        ("minimax-m2", "--moe-ffn-hidden-size", "2048", "2048 contradicts intermediate_size=1536"),
     ],
 )
 def test_new_family_flags_are_checked_against_the_config(
@@ -758,7 +772,7 @@ def test_kimi_config_is_custom_code_read_as_slime_reads_it(published: Callable[[
 
 
 # slime's launch scripts for these families (checkpoint paths left to their own tests; dry runs on the published
-# config.json). MTP training (slime's MTP_ARGS) is refused here: --enable-mtp-training is checked on its own.
+# config.json). MTP training (slime's MTP_ARGS): tests/unit/test_mtp_flags.py.
 SLIME_RUNS: dict[str, list[str]] = {
     "glm4.7-flash": [  # scripts/run-glm4.7-30B-A3B.sh (EP 4: its EP 8 x PP 2 needs 16 ranks, Megatron refuses 8)
         "--prompt-data", "dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label",
@@ -839,7 +853,54 @@ SLIME_RUNS: dict[str, list[str]] = {
         "--actor-num-nodes", "32", "--actor-num-gpus-per-node", "8", "--colocate",
         # Kimi-K2's published weights are FP8; the plan counts 16-bit serving weights: H200-sized GPUs hold them.
         "--gpu-memory-gb", "141"],
+    # scripts/run-glm5-744B-A40B.sh with --context-parallel-size 1 (its CP 2 is refused: test below) and without
+    # --prefill-num-servers 1 (prefill/decode disaggregation, refused here with its own message).
+    "glm5-744B-A40B": [
+        "--update-weight-buffer-size", str(2 * 1024**3),
+        "--prompt-data", "dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label",
+        "--apply-chat-template", "--rollout-shuffle", "--rm-type", "deepscaler", "--num-rollout", "3000",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "32768",
+        "--rollout-temperature", "1", "--global-batch-size", "64",
+        "--tensor-model-parallel-size", "4", "--sequence-parallel", "--pipeline-model-parallel-size", "4",
+        "--decoder-last-pipeline-num-layers", "18", "--expert-model-parallel-size", "32",
+        "--expert-tensor-parallel-size", "1", "--context-parallel-size", "1",
+        "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+        "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384", "--data-pad-size-multiplier", "4096",
+        "--log-probs-chunk-size", "1024",
+        "--advantage-estimator", "grpo", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl", "--kl-coef",
+        "0.00", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28",
+        "--optimizer", "adam", "--lr", "1e-6", "--lr-decay-style", "constant", "--weight-decay", "0.1",
+        "--adam-beta1", "0.9", "--adam-beta2", "0.98", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+        "--use-precision-aware-optimizer",
+        "--rollout-num-gpus-per-engine", "64", "--sglang-mem-fraction-static", "0.70", "--sglang-enable-dp-attention",
+        "--sglang-ep-size", "64", "--sglang-dp-size", "64", "--sglang-moe-dense-tp-size", "1",
+        "--sglang-enable-dp-lm-head", "--sglang-moe-a2a-backend", "deepep", "--sglang-deepep-mode", "auto",
+        "--sglang-speculative-algorithm", "EAGLE", "--sglang-speculative-num-steps", "3",
+        "--sglang-speculative-eagle-topk", "1", "--sglang-speculative-num-draft-tokens", "4",
+        "--sglang-page-size", "64", "--sglang-nsa-decode-backend", "flashmla_sparse", "--sglang-nsa-prefill-backend",
+        "flashmla_sparse", "--sglang-attention-backend", "nsa", "--sglang-cuda-graph-max-bs", "8",
+        "--sglang-max-running-requests", "512", "--sglang-chunked-prefill-size", "131072",
+        "--sglang-watchdog-timeout", "3600",
+        "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--accumulate-allreduce-grads-in-fp32",
+        "--attention-softmax-in-fp32", "--attention-backend", "flash", "--moe-enable-deepep",
+        "--moe-token-dispatcher-type", "flex",
+        "--actor-num-nodes", "32", "--actor-num-gpus-per-node", "8", "--colocate"],
 }  # fmt: skip
+
+
+def test_glm5_launch_script_context_parallel_is_refused(
+    published: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """slime's GLM-5 run uses --context-parallel-size 2 with its own spec (--allgather-cp); megatron-core's DSA has
+    none: the dry run names the flag and the fix."""
+    argv = [*SLIME_MODEL_FILES["glm5-744B-A40B"], "--hf-checkpoint", str(published("glm5-744B-A40B"))]
+    run = list(SLIME_RUNS["glm5-744B-A40B"])
+    run[run.index("--context-parallel-size") + 1] = "2"
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([*argv, *run, "--dry-run"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 1, out
+    assert "--context-parallel-size 2: megatron-core 0.16's DeepSeek sparse attention (GLM-5) has no context" in out
 
 
 @pytest.mark.parametrize("model", sorted(SLIME_RUNS))
@@ -853,6 +914,45 @@ def test_slime_launch_scripts_of_new_families_start(
     if _registered(model_type):
         args = parse_args(argv)
         assert args.rollout_num_gpus == args.world_size and args.sequence_parallel  # colocated: the trainer's GPUs
-    with pytest.raises(SystemExit):  # slime's MTP_ARGS (GLM-4.7-Flash): MTP training is not supported here
+    with pytest.raises(SystemExit):  # slime's MTP_ARGS (GLM-4.7-Flash): its PP 2 x CP 2 layout cannot train MTP here
         parse_args(argv + ["--mtp-num-layers", "1", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.2"])
-    assert "--enable-mtp-training is not supported" in capsys.readouterr().err
+    assert "--enable-mtp-training with --pipeline-model-parallel-size" in capsys.readouterr().err
+
+
+# slime's scripts/run-minimax-m2.sh (checkpoint paths left out as above; slime trains no MTP layer of MiniMax-M2).
+SLIME_MINIMAX_M2_RUN = [
+    "--model-name", "minimax_m2",
+    "--prompt-data", "dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label",
+    "--apply-chat-template", "--rollout-shuffle", "--rm-type", "deepscaler", "--num-rollout", "3000",
+    "--rollout-batch-size", "128", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "32768",
+    "--rollout-temperature", "1", "--over-sampling-batch-size", "256", "--dynamic-sampling-filter-path",
+    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std", "--num-steps-per-rollout", "4",
+    "--balance-data",
+    "--eval-interval", "20", "--eval-prompt-data", "aime", "aime-2024.jsonl", "--n-samples-per-eval-prompt", "8",
+    "--eval-max-response-len", "32768", "--eval-top-p", "1",
+    "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
+    "--context-parallel-size", "1", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1",
+    "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+    "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192",
+    "--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl",
+    "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28",
+    "--optimizer", "adam", "--lr", "1e-6", "--lr-decay-style", "constant", "--weight-decay", "0.1",
+    "--adam-beta1", "0.9", "--adam-beta2", "0.98", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+    "--use-precision-aware-optimizer", "--use-tensorboard",
+    "--rollout-num-gpus-per-engine", "16", "--sglang-mem-fraction-static", "0.7", "--sglang-ep-size", "16",
+    "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--accumulate-allreduce-grads-in-fp32",
+    "--attention-softmax-in-fp32", "--attention-backend", "flash",
+    "--actor-num-nodes", "16", "--actor-num-gpus-per-node", "8", "--colocate",
+    # EP 4 leaves 28B expert parameters per rank: 175 GiB with fp32 gradients, which B200-sized GPUs hold.
+    "--gpu-memory-gb", "192",
+]  # fmt: skip
+
+
+def test_slime_minimax_m2_launch_script_starts(
+    published: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*SLIME_MODEL_FILES["minimax-m2"], "--hf-checkpoint", str(published("minimax-m2")), *SLIME_MINIMAX_M2_RUN]
+    _expect_start(argv, "minimax_m2", capsys)
+    args = parse_args(argv)
+    # Colocated without --rollout-num-gpus: the engines take the trainer's 128 GPUs, as in slime.
+    assert args.rollout_num_gpus == args.world_size == 128 and args.sequence_parallel
