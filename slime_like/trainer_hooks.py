@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from slime_like.core.plugin_loader import load_plugin
 
 FLAGS = {  # flag -> (args attribute, positional parameters the hook must take)
@@ -62,6 +60,8 @@ class TrainerHooks:
         """--rollout-data-postprocess-path on this rank's rows, in place: its loss masks and advantages train."""
         if self.rollout_data_postprocess is None:
             return
+        import torch  # here: argument parsing imports this module and must not load torch
+
         data: dict[str, Any] = {
             "tokens": [torch.tensor(t) for t in tokens],
             "total_lengths": [len(t) for t in tokens],
