@@ -394,14 +394,21 @@ def server_dtype(args: Any) -> str:
     return "bfloat16" if args.bf16 else "float32"
 
 
+def server_arg(args: Any, flag: str) -> str | None:
+    """The value of an SGLang server flag the user passed as --sglang-<flag> (None when not given)."""
+    flags = list(getattr(args, "sglang_server_args", None) or [])
+    for i, token in enumerate(flags):
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+        if token == flag and i + 1 < len(flags):
+            return flags[i + 1]
+    return None
+
+
 def requested_server_dtype(args: Any) -> str | None:
     """The --sglang-dtype the user passed, normalised (None when not given)."""
-    flags = args.sglang_server_args
-    for i, flag in enumerate(flags):
-        value = flag.split("=", 1)[1] if flag.startswith("--dtype=") else flags[i + 1] if flag == "--dtype" else None
-        if value is not None:
-            return SGLANG_DTYPE_ALIASES.get(value, value)
-    return None
+    value = server_arg(args, "--dtype")
+    return None if value is None else SGLANG_DTYPE_ALIASES.get(value, value)
 
 
 def sglang_passthrough(unknown: list[str]) -> tuple[list[str], list[str]]:

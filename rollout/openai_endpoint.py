@@ -48,6 +48,7 @@ import httpx
 from aiohttp import web
 
 from rollout import generate as gen
+from rollout.arguments import server_arg
 from rollout.context import RolloutContext
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample
@@ -284,7 +285,7 @@ class OpenAIEndpoint:
         """SGLang's parser of the model's tool-call format for these tools (None: no tools, or tool_choice none)."""
         if not tools or tool_choice == "none":
             return None
-        name = server_flag(self.ctx.args, "--tool-call-parser")
+        name = server_arg(self.ctx.args, "--tool-call-parser")
         if name is None:
             raise EndpointError(
                 400, "`tools` need the model's tool-call format: start the run with --sglang-tool-call-parser NAME"
@@ -309,7 +310,7 @@ class OpenAIEndpoint:
         tokenizer = self.ctx.tokenizer
         prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
         input_ids, out = await self._generate(session, prompt_text, body, forced)
-        ids, output_text, reason = self._record(session, out)
+        ids, output_text, reason = self._record(session, input_ids, out)
         content = _content(tokenizer, ids, output_text, reason)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         finish = "length" if reason.get("type") == "length" else "stop"
@@ -345,7 +346,7 @@ class OpenAIEndpoint:
         if body.get("echo") or body.get("suffix") or body.get("best_of", 1) != 1:
             raise EndpointError(400, "`echo`, `suffix` and `best_of` are not supported by this endpoint")
         input_ids, out = await self._generate(session, prompt, body)
-        ids, output_text, reason = self._record(session, out)
+        ids, output_text, reason = self._record(session, input_ids, out)
         session.rendered, session.bridge = prompt + output_text, ""
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -408,7 +409,9 @@ class OpenAIEndpoint:
             raise EndpointError(404, "the session ended while this turn was generated")
         return payload["input_ids"], out
 
-    def _record(self, session: ChatSession, out: dict[str, Any]) -> tuple[list[int], str, dict[str, Any]]:
+    def _record(
+        self, session: ChatSession, input_ids: list[int], out: dict[str, Any]
+    ) -> tuple[list[int], str, dict[str, Any]]:
         """Append one answer's sampled ids and log-probs to the session: (ids, their text, finish reason)."""
         meta = out["meta_info"]
         ids = [int(t[1]) for t in meta["output_token_logprobs"]]
@@ -419,7 +422,6 @@ class OpenAIEndpoint:
             session.aborted = self.ctx.aborting
             raise EndpointError(503, f"generation aborted: {reason.get('message') or reason}", "server_error")
         output_text = self.ctx.tokenizer.decode(ids, skip_special_tokens=False)
-        input_ids = list(session.tokens)
         session.append(ids, output_text, lps, meta)
         session.turns.append(Turn(input_ids, ids, lps, kind, meta))
         if kind == "length" and session.response_length >= session.budget:
@@ -447,17 +449,6 @@ class _BorrowedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         pass
-
-
-def server_flag(args: Any, flag: str) -> str | None:
-    """The value of an SGLang server flag given as --sglang-<flag> (None when not given)."""
-    flags = list(getattr(args, "sglang_server_args", None) or [])
-    for i, token in enumerate(flags):
-        if token.startswith(flag + "="):
-            return token.split("=", 1)[1]
-        if token == flag and i + 1 < len(flags):
-            return flags[i + 1]
-    return None
 
 
 def _tool_constraint(parser: Any, tool_choice: Any) -> dict[str, str]:

@@ -15,20 +15,25 @@ from slime_like.core.plugin_loader import load_plugin
 from slime_like.core.sample import Sample
 
 SAMPLE_HOOK_FLAG = "--rollout-sample-hook-path"
-SampleHook = tuple[str, Callable[..., Any]]  # (its path, the function)
+KEYWORDS = ("rollout_id", "evaluation")
+# (its path, the function, the keywords of KEYWORDS it takes): read from its signature once, at load.
+SampleHook = tuple[str, Callable[..., Any], tuple[str, ...]]
 
 
 def load_sample_hooks(paths: list[str] | None) -> list[SampleHook]:
     """Each path of the (repeatable) flag, imported and checked to take (args, sample)."""
-    return [(path, load_plugin(path, SAMPLE_HOOK_FLAG, params=2)) for path in paths or []]
+    hooks = []
+    for path in paths or []:
+        fn = load_plugin(path, SAMPLE_HOOK_FLAG, params=2)
+        hooks.append((path, fn, _keywords(fn)))
+    return hooks
 
 
-def _keywords(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+def _keywords(fn: Callable[..., Any]) -> tuple[str, ...]:
     params = inspect.signature(fn).parameters.values()
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
-        return offered
-    names = {p.name for p in params}
-    return {k: v for k, v in offered.items() if k in names}
+        return KEYWORDS
+    return tuple(k for k in KEYWORDS if k in {p.name for p in params})
 
 
 async def apply_sample_hooks(
@@ -36,8 +41,8 @@ async def apply_sample_hooks(
 ) -> Sample:
     """The sample after every hook: the one a hook returned, or the same one when it returned None."""
     offered = {"rollout_id": rollout_id, "evaluation": evaluation}
-    for path, fn in hooks:
-        result = fn(args, sample, **_keywords(fn, offered))
+    for path, fn, keywords in hooks:
+        result = fn(args, sample, **{k: offered[k] for k in keywords})
         if inspect.isawaitable(result):
             result = await result
         if result is None:

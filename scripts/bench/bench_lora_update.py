@@ -33,25 +33,17 @@ GOAL = 20.0  # full update seconds / LoRA update seconds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line arguments of the benchmark (the model sizes are bench_weights.py's)."""
-    from bench_weights import parse_args as weights_args
+    """Command-line arguments of the benchmark (the model's are bench_weights.py's)."""
+    from bench_weights import add_model_arguments
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="an HF directory to use instead of making one")
-    p.add_argument("--hidden-size", type=int, default=1024)
-    p.add_argument("--ffn-hidden-size", type=int, default=3072)
-    p.add_argument("--num-layers", type=int, default=8)
+    add_model_arguments(p)
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=32.0)
     p.add_argument("--target-modules", default="all-linear")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--transports", nargs="+", default=["distributed", "tensor", "disk"], help="full-weight kinds")
-    p.add_argument("--bucket-mb", type=int, default=512, help="--update-weight-buffer-size in MiB (full updates)")
-    args = p.parse_args(argv)
-    defaults = weights_args([])  # head counts and anything else make_model reads
-    for key, value in vars(defaults).items():
-        setattr(args, key, getattr(args, key, value))
-    return args
+    return p.parse_args(argv)
 
 
 def best_update(channel, export, repeats: int, version: list[int]) -> tuple[float, float]:

@@ -32,9 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 GOAL = 2.0  # transport time / plain copy time, for distributed and tensor
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line arguments of the benchmark."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The ~400 MB model's shape (make_model) and the update bucket, shared with bench_lora_update.py."""
     p.add_argument("--model", default=None, help="an HF directory to use instead of making one")
     p.add_argument("--hidden-size", type=int, default=1024)
     p.add_argument("--ffn-hidden-size", type=int, default=3072)
@@ -42,6 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--bucket-mb", type=int, default=512, help="--update-weight-buffer-size in MiB")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments of the benchmark."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--transports", nargs="+", default=["distributed", "tensor", "disk"])
     p.add_argument("--servers", nargs="+", type=int, default=[1, 2], help="server counts to update")

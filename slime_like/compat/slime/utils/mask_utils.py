@@ -41,9 +41,11 @@ class MultiTurnLossMaskGenerator:
             raise ValueError(f"--loss-mask-type {tokenizer_type!r}: expected one of {', '.join(LOSS_MASK_TYPES)}")
         self.tokenizer = tokenizer
         self.tokenizer_type = tokenizer_type
-        self.system_message_length = self.gen_token_length = 0
+        self.system_message_length = self.gen_token_length = self._probe_length = 0
         if tokenizer_type in ("qwen", "qwen3"):
             self.system_message_length, self.gen_token_length = self.get_system_message_length()
+        if tokenizer_type == "qwen3":
+            self._probe_length = len(_ids(tokenizer, [_MASK_PROBE]))  # the probe turn beside each message
 
     def get_system_message_length(self) -> tuple[int, int]:
         """(tokens of the default system prompt the template puts before a lone message, tokens of its
@@ -84,7 +86,7 @@ class MultiTurnLossMaskGenerator:
         return _ids(self.tokenizer, group, **({"tools": tools} if first else {}))
 
     def _render_beside_probe(self, group: list[dict[str, Any]], first: bool, tools: Any) -> list[int]:
-        probe = len(_ids(self.tokenizer, [_MASK_PROBE]))
+        probe = self._probe_length
         if first:  # the probe after the turn, cut off again
             return _ids(self.tokenizer, [*group, _MASK_PROBE], tools=tools)[:-probe]
         return _ids(self.tokenizer, [_MASK_PROBE, *group])[probe:]
