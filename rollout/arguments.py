@@ -155,6 +155,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer-filter-path", default=None, help="(args, returned_groups, num_groups) -> groups")
     p.add_argument("--rollout-sample-filter-path", default=None, help="(args, group) -> list[bool] (False: no loss)")
     p.add_argument(
+        "--rollout-all-samples-process-path",
+        default=None,
+        help="slime's (args, all_groups, data_source) -> None, after the built-in rollout: every group it generated, "
+        "the dynamic filter's drops included",
+    )
+    p.add_argument(
         "--custom-reward-post-process-path", default=None, help="(args, group) -> list[float], rewards for training"
     )
     p.add_argument("--eval-function-path", default=None, help="async (ctx, rollout_id, datasets) -> metrics")

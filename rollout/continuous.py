@@ -83,6 +83,7 @@ class ContinuousRollout:
         self.vars = contextvars.copy_context()
         self.ledger = buffer.open_ledger(carries=True)
         ctx.accounting = self.ledger
+        ctx.generated, ctx.buffer = [], buffer  # the groups the dynamic filter dropped since the last batch
         # Per-step clocks: the step begins when the previous batch was taken.
         self.step_start = time.monotonic()
         self.generated = 0  # response tokens the servers produced this step
@@ -174,6 +175,7 @@ class ContinuousRollout:
             self.ready.append(group)
             return
         self.dropped += 1
+        self.ctx.generated.append(group)
         self.ledger.drop(group, verdict.reason or "filtered")
         self._forget(group)
 
@@ -248,7 +250,9 @@ class ContinuousRollout:
         self.next_train = version + 1
         if self.args.mask_offpolicy_in_partial_rollout:
             self.ctx.count("samples_offpolicy_masked", sum(mask_older_spans(s) for g in batch for s in g))
+        self.ctx.generated.extend(batch)
         finish_rollout(self.ctx, batch)
+        self.ctx.generated = []
         for group in batch:
             self._forget(group)
         return batch, self._close_step(batch, version, waited)

@@ -22,6 +22,7 @@ from slime_like.core.sample import Sample
 
 GENERATE_FLAG = "--custom-generate-function-path"
 SAMPLE_FILTER_FLAG = "--rollout-sample-filter-path"
+ALL_SAMPLES_FLAG = "--rollout-all-samples-process-path"
 REWARD_POST_PROCESS_FLAG = "--custom-reward-post-process-path"
 
 # flag -> (args attribute, our signature, slime's signature, slime adapter or None when the caller adapts).
@@ -35,6 +36,7 @@ HOOKS: dict[str, tuple[str, Signature, Signature, Callable[[Any], Any] | None]] 
         slime_contract.dynamic_filter_hook,
     ),
     SAMPLE_FILTER_FLAG: ("rollout_sample_filter_path", (2, False), (2, False), None),
+    ALL_SAMPLES_FLAG: ("rollout_all_samples_process_path", (3, False), (3, False), None),
     REWARD_POST_PROCESS_FLAG: ("custom_reward_post_process_path", (2, False), (2, False), None),
     "--rollout-function-path": ("rollout_function_path", (3, True), (3, False), slime_contract.rollout_function_hook),
     "--eval-function-path": ("eval_function_path", (3, True), (3, False), slime_contract.eval_function_hook),
@@ -56,6 +58,7 @@ class RolloutHooks:
     buffer_filter: Callable[[Any, list[list[Sample]], int], list[list[Sample]]]
     dynamic_filter: Callable[[Any, list[Sample]], Any] | None = None
     sample_filter: Callable[[Any, list[Sample]], list[bool]] | None = None
+    all_samples_process: Callable[[Any, list[list[Sample]], Any], None] | None = None  # slime's, built-in loop only
     reward_post_process: Callable[[Any, list[Sample]], list[float]] | None = None
     rollout_function: Callable[..., Awaitable[list[list[Sample]]]] | None = None
     eval_function: Callable[..., Awaitable[dict[str, Any]]] | None = None
@@ -90,6 +93,11 @@ def load_hooks(args: Any) -> RolloutHooks:
         raise PluginError(
             f"--group-generate: {GENERATE_FLAG}={path!r} follows slime's contract, one sample at a time (--plugin-api)"
         )
+    if args.rollout_function_path and args.rollout_all_samples_process_path:
+        raise PluginError(
+            f"{ALL_SAMPLES_FLAG} is called by the built-in rollout only (as in slime), not with --rollout-function-path: "
+            "call it from your rollout function, or drop one of the two flags"
+        )
     return RolloutHooks(
         generate=loaded.get(GENERATE_FLAG) or generate,
         group_generate=bool(args.group_generate),
@@ -97,6 +105,7 @@ def load_hooks(args: Any) -> RolloutHooks:
         buffer_filter=loaded.get("--buffer-filter-path") or fifo_buffer_filter,
         dynamic_filter=loaded.get("--dynamic-sampling-filter-path"),
         sample_filter=loaded.get(SAMPLE_FILTER_FLAG),
+        all_samples_process=loaded.get(ALL_SAMPLES_FLAG),
         reward_post_process=loaded.get(REWARD_POST_PROCESS_FLAG),
         rollout_function=loaded.get("--rollout-function-path"),
         eval_function=loaded.get("--eval-function-path"),

@@ -10,6 +10,7 @@ from buffer.accounting import AccountingError, failure_reason
 from rollout import slime_contract
 from rollout.context import RolloutContext
 from rollout.hooks import REWARD_POST_PROCESS_FLAG, SAMPLE_FILTER_FLAG
+from rollout.slime_contract import SlimeDataSource, slime_args
 from slime_like.core.sample import Sample
 
 
@@ -87,6 +88,9 @@ def finish_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
         else:
             apply_sample_filter(ctx, groups, hooks.sample_filter)
     exclude_removed_samples(ctx, groups)
+    if hooks.all_samples_process is not None and ctx.accounting is not None:
+        every = sorted(ctx.generated, key=lambda g: (g[0].group_index is None, g[0].group_index or 0))
+        hooks.all_samples_process(slime_args(ctx.args), every, SlimeDataSource(ctx.buffer))
     if hooks.reward_post_process is not None:
         if hooks.follows_slime(REWARD_POST_PROCESS_FLAG):
             slime_contract.apply_reward_post_process(ctx, groups, hooks.reward_post_process)

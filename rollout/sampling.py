@@ -65,6 +65,7 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
     origin: dict[int, dict[str, Any]] = {}  # metadata as served, to reset a sample returned without its tokens
     dropped = 0
     ledger = ctx.accounting = buffer.open_ledger()
+    ctx.generated, ctx.buffer = [], buffer
     try:
         while len(kept) < target:
             while len(kept) + len(running) < target:
@@ -83,6 +84,7 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
                     ctx.count("groups_surplus" if finished else "groups_aborted")
                     continue
                 ctx.count("groups_generated")
+                ctx.generated.append(group)
                 verdict = apply_dynamic_filter(hooks.dynamic_filter, args, group)
                 if verdict.keep or (verdict.keep_when_insufficient and len(kept) + len(running) < target):
                     kept.append(group)

@@ -108,9 +108,10 @@ def test_search_agent_with_slime_filters_and_reward_post_process(make: Any, sear
         "--dynamic-sampling-filter-path", "slime_plugins.filters.drop_odd_groups",
         "--rollout-sample-filter-path", "slime_plugins.filters.remove_odd_samples",
         "--custom-reward-post-process-path", "slime_plugins.filters.centre_rewards",
+        "--rollout-all-samples-process-path", "slime_plugins.filters.record_all_samples",
         "--over-sampling-batch-size", "1",
     )  # fmt: skip
-    assert set(m.hooks.contracts.values()) == {"slime"} and len(m.hooks.contracts) == 5
+    assert set(m.hooks.contracts.values()) == {"slime"} and len(m.hooks.contracts) == 6
     importlib.import_module("slime_plugins.search_agent").SEARCH_URL = url  # loaded (as slime_plugins) by the loader
     m.buffer.add_groups(m.buffer.get_groups(3))  # groups 0, 1, 2 handed back, e.g. by an aborted rollout
     groups, metrics = m.generate(0)
@@ -120,6 +121,11 @@ def test_search_agent_with_slime_filters_and_reward_post_process(make: Any, sear
         (None, [0, 1, 2], 1), (None, [0, 1], 1), (None, [0], 1)
     ]  # fmt: skip
     assert [g[0].group_index for g in groups] == [0, 2] and metrics["rollout/groups_dropped_odd_group"] == 1
+    # slime's all-samples process saw every generated group, the dropped one too, after the sample filter ran on
+    # the kept ones (odd samples removed; the dropped group's untouched); its data source is the run's (8 prompts).
+    assert importlib.import_module("slime_plugins.filters").CALLS["all_samples"] == [
+        ([0, 1, 2], [False, True, False, False, False, True], 8)
+    ]  # fmt: skip
     assert len(queries) == 6  # every sample searched once, kept or not
     for sample in (s for g in groups for s in g):
         assert sample.status == Status.COMPLETED and len(sample.metadata["queries"]) == 1

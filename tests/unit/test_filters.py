@@ -135,6 +135,12 @@ def two(args, group):
 
 def one(args):
     return True
+
+def three(args, groups, data_source):
+    return None
+
+async def rollout(ctx, rollout_id, buffer):
+    return []
 """
 
 
@@ -164,6 +170,11 @@ def parsed(*extra: str) -> Namespace:
         (["--custom-reward-post-process-path", "nomodule.fn"], "--custom-reward-post-process-path=.*cannot import"),
         (["--rollout-function-path", "my_hooks.two"], "--rollout-function-path=.*async def"),
         (["--eval-function-path", "my_hooks"], "--eval-function-path=.*dotted path"),
+        (["--rollout-all-samples-process-path", "my_hooks.two"], "--rollout-all-samples-process-path=.*3 positional"),
+        (
+            ["--rollout-function-path", "my_hooks.rollout", "--rollout-all-samples-process-path", "my_hooks.three"],
+            "--rollout-all-samples-process-path is called by the built-in rollout only",
+        ),
         (["--data-source-path", "my_hooks.one"], "--data-source-path=.*2 positional"),
         (["--custom-rm-path", "my_hooks.one"], "--custom-rm-path=.*2 positional"),
         (["--group-rm"], "--group-rm needs --custom-rm-path"),

@@ -4,11 +4,12 @@
 --dynamic-sampling-filter-path slime_plugins.filters.drop_odd_groups
 --rollout-sample-filter-path slime_plugins.filters.remove_odd_samples
 --custom-reward-post-process-path slime_plugins.filters.centre_rewards
+--rollout-all-samples-process-path slime_plugins.filters.record_all_samples
 """
 
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 
-CALLS = {"buffer": []}
+CALLS = {"buffer": [], "all_samples": []}
 
 
 def newest_first(args, rollout_id, buffer, num_samples):
@@ -39,3 +40,10 @@ def centre_rewards(args, samples):
         by_group.setdefault(sample.group_index, []).append(reward)
     means = {g: sum(r) / len(r) for g, r in by_group.items()}
     return raw, [reward - means[s.group_index] for s, reward in zip(samples, raw, strict=True)]
+
+
+def record_all_samples(args, samples, data_source):
+    """Record every group the rollout generated (dropped ones too) and what the data source still holds."""
+    CALLS["all_samples"].append(
+        ([g[0].group_index for g in samples], [s.remove_sample for g in samples for s in g], len(data_source))
+    )
