@@ -4,7 +4,7 @@
 # attention), but EP 4: slime's EP 8 x PP 2 needs 16 trainer ranks (Megatron refuses it on 8).
 # --rollout-num-gpus is left out: colocated, the engines take the trainer's 8 GPUs, as in slime.
 #   HF_CHECKPOINT=... PROMPT_DATA=... bash scripts/run-glm4.7-flash.sh
-#   DRY_RUN=1 ... prints the placement and memory plan and starts nothing.
+#   DRY_RUN=1 ... prints the placement and memory plan and starts nothing; ENABLE_MTP=1 ... trains the MTP layer.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/launch.sh"
 source "$SCRIPTS_DIR/models/glm4.7-flash.sh"
@@ -15,9 +15,20 @@ DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --input-key pr
 ROLLOUT_ARGS=(--rollout-num-gpus-per-engine 8 --rollout-max-response-len 32768 --rollout-temperature 1.0 --rm-type deepscaler
               --sglang-mem-fraction-static 0.8 --sglang-enable-dp-attention --sglang-dp-size 8 --sglang-enable-dp-lm-head
               --sglang-moe-dense-tp-size 1 --sglang-max-running-requests 512)
+# ENABLE_MTP=1: slime's MTP_ARGS and EAGLE serving: the MTP layer is trained as the speculative draft. MTP training
+# takes neither PP nor CP here (docs/models.md, "MTP training"): PP 1 / CP 1 with EP 8 instead.
+if [[ "${ENABLE_MTP:-0}" == 1 ]]; then
+  LAYOUT_ARGS=(--pipeline-model-parallel-size 1 --context-parallel-size 1 --expert-model-parallel-size 8)
+  MTP_ARGS=(--mtp-num-layers 1 --enable-mtp-training --mtp-loss-scaling-factor 0.2
+            --sglang-speculative-algorithm EAGLE --sglang-speculative-num-steps 3 --sglang-speculative-eagle-topk 1
+            --sglang-speculative-num-draft-tokens 4)
+else
+  LAYOUT_ARGS=(--pipeline-model-parallel-size 2 --context-parallel-size 2 --expert-model-parallel-size 4
+               --decoder-last-pipeline-num-layers 23)
+  MTP_ARGS=()
+fi
 PERF_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate
-           --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --context-parallel-size 2
-           --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --decoder-last-pipeline-num-layers 23
+           --tensor-model-parallel-size 2 --sequence-parallel "${LAYOUT_ARGS[@]}" --expert-tensor-parallel-size 1
            --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
            --use-dynamic-batch-size --max-tokens-per-gpu 32768 --use-distributed-optimizer --bf16)
 ALGO_ARGS=(--advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl --entropy-coef 0.00)
@@ -29,4 +40,4 @@ LOG_ARGS=(--output-dir "${OUTPUT_DIR:-outputs/glm4.7-flash-grpo}")
 
 run_job slime_like.train --num-rollout 3000 "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" \
   "${ROLLOUT_ARGS[@]}" "${PERF_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIM_ARGS[@]}" "${MISC_ARGS[@]}" \
-  "${CLUSTER_ARGS[@]}" "${LOG_ARGS[@]}" "$@"
+  "${CLUSTER_ARGS[@]}" "${LOG_ARGS[@]}" "${MTP_ARGS[@]}" "$@"

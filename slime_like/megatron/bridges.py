@@ -21,7 +21,7 @@ mbridge 0.15.1 builds Megatron models from HF configs; three of its bridges need
 - Every family: transformers 5 keeps `rope_theta` in `rope_parameters` (fixed on the config first).
 - Multi-token prediction (`num_nextn_predict_layers` > 0, GLM-4.5, DeepSeek-V3 and MiMo checkpoints): Megatron builds
   the main layers only; the MTP layers' tensors stay in the HF checkpoint (hf_weights.untrained_hf_names), unless
-  --enable-mtp-training builds them (MiMo: slime_like/megatron/mtp.py).
+  --enable-mtp-training builds them (MiMo and the DeepSeek layout: slime_like/megatron/mtp.py).
 The weights themselves are converted by slime_like.megatron.hf_weights with the name maps of
 slime_like.megatron.families, not by mbridge's loader (which assumes Transformer Engine names).
 """

@@ -30,8 +30,9 @@ ALWAYS_NO_EFFECT: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("--micro-batch-size", {"type": int, "default": 1}, "micro-batches are packed by --max-tokens-per-gpu"),
 )
 
-# Model families whose multi-token-prediction layers --enable-mtp-training builds and trains (slime_like/megatron/mtp.py).
-MTP_TRAINED_FAMILIES = ("mimo",)
+# Model families whose multi-token-prediction layers --enable-mtp-training builds and trains (slime_like/megatron/mtp.py):
+# MiMo's, and the DeepSeek layout's (model.layers.{num_hidden_layers + i}).
+MTP_TRAINED_FAMILIES = ("mimo", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "glm4_moe")
 
 # Megatron TransformerConfig switches honoured with Transformer Engine on GPU (the local spec has them off):
 # (flag, TransformerConfig field, value the flag sets).

@@ -3,7 +3,9 @@
 
 With the flag the Megatron model gets megatron-core's MultiTokenPredictionBlock (`mtp_num_layers` layers built
 from the last decoder layer's spec), loaded from and exported to the HF checkpoint's MTP tensors (their names:
-families.mtp_rules). MTP layer d (1-based) at position j reads the main model's last hidden state (or layer d-1's
+families.mtp_rules): MiMo's model.mtp_layers.{i}, or the DeepSeek layout's model.layers.{num_hidden_layers + i}
+(GLM-4.7-Flash, GLM-4.5, DeepSeek-V3, Kimi-K2: an MLA or GQA attention and an MoE MLP, as SGLang's deepseek_nextn
+builds it). Under routing replay the MTP layers' routers pick their own experts (_route_mtp_layers_freely). MTP layer d (1-based) at position j reads the main model's last hidden state (or layer d-1's
 output) at j and the embedding of token j+d, and predicts token j+1+d through the shared output layer.
 
 The loss follows slime (its patched megatron-core GPTModel): in a training forward the MTP block runs on the main
@@ -72,7 +74,9 @@ def enable_mtp(bridge: Any, num_layers: int, scaling_factor: float) -> None:
         raise ValueError(
             f"--enable-mtp-training with --pipeline-model-parallel-size {pp} / --context-parallel-size {cp}: the "
             "engine trains MTP layers with PP 1 and CP 1 only (its MTP loss does not follow a CP split, and "
-            "megatron-core places MTP on the last stage, which the weight loader does not handle yet)"
+            "megatron-core places MTP on the last stage, which the weight loader does not handle yet); use PP 1 and "
+            "CP 1, or drop --enable-mtp-training (and the converters' --mtp-num-layers): the MTP layers then pass "
+            "through unchanged"
         )
     bridge.set_extra_args(mtp_num_layers=num_layers, mtp_loss_scaling_factor=scaling_factor)
     gptmodel_args = bridge._get_gptmodel_args
@@ -87,7 +91,52 @@ def enable_mtp(bridge: Any, num_layers: int, scaling_factor: float) -> None:
         return args
 
     bridge._get_gptmodel_args = with_mtp_block
+    from mbridge.models import DeepseekV3Bridge
+
+    if isinstance(bridge, DeepseekV3Bridge):
+        _check_deepseek_mtp_layer(bridge)
+        bridge._model_provider = types.MethodType(_provider_with_own_mtp_block, bridge)
     bridge.slime_like_mtp_layers = num_layers
+
+
+def _check_deepseek_mtp_layer(bridge: Any) -> None:
+    """The DeepSeek layout's MTP layer is an MoE layer (SGLang's deepseek_nextn builds it sparse); megatron-core builds
+    it from the last decoder layer's spec, so that layer must be MoE too."""
+    freq = bridge.config.moe_layer_freq
+    last_is_moe = freq[-1] if isinstance(freq, list) else (bridge.config.num_layers - 1) % freq == 0
+    if not bridge.config.num_moe_experts or not last_is_moe:
+        raise ValueError(
+            "--enable-mtp-training: the checkpoint's MTP layer is an MoE layer, but its last decoder layer is dense "
+            "and megatron-core builds MTP layers from the last decoder layer's spec; drop the flag (the MTP layers "
+            "are then passed through unchanged)"
+        )
+
+
+def _provider_with_own_mtp_block(self, post_model_creation_callbacks: list) -> Any:
+    """mbridge's DeepseekV3Bridge provider, less its own MTP block (always Transformer Engine's spec, which the local
+    spec of a CPU run cannot use): the block comes from _get_gptmodel_args (enable_mtp's with_mtp_block)."""
+    from megatron.core.models.gpt import GPTModel
+
+    def provider(pre_process: bool, post_process: bool, vp_stage: int | None = None) -> GPTModel:
+        spec = self._get_transformer_layer_spec(vp_stage)
+        args = self._get_gptmodel_args()
+        if vp_stage is not None and getattr(self, "has_vp_stage", False):
+            args["vp_stage"] = vp_stage
+        tie = getattr(self.hf_config, "tie_word_embeddings", False)
+        model = GPTModel(
+            config=self.config,
+            transformer_layer_spec=spec,
+            pre_process=pre_process,
+            post_process=post_process,
+            share_embeddings_and_output_weights=tie,
+            **args,
+        )
+        for callback in post_model_creation_callbacks:
+            callback(model, pre_process=pre_process, post_process=post_process, config=self.config,
+                     hf_config=self.hf_config)  # fmt: skip
+        return model
+
+    return provider
 
 
 def stored_mtp_layers(hf_config: Any) -> int:
@@ -166,6 +215,22 @@ def _postprocess(
     return logits.transpose(0, 1).contiguous()
 
 
+def _route_mtp_layers_freely(gpt: torch.nn.Module) -> None:
+    """Take the MTP layers' routers out of routing replay (routing_replay.py): they always pick their own experts.
+
+    SGLang records the routing of the main layers only (its routed-experts capture spans num_hidden_layers and
+    leaves the draft model's layers out), the policy's log-probs never pass through an MTP layer, and the MTP
+    block runs in training forwards only, so an old-policy forward has nothing to record for it either."""
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    mtp = getattr(gpt, "mtp", None)
+    for module in mtp.modules() if mtp is not None else ():
+        if isinstance(module, TopKRouter) and module.router_replay is not None:
+            RouterReplay.global_router_replay_instances.remove(module.router_replay)
+            module.router_replay = None
+
+
 class MTPTraining:
     """The MTP layers of one engine's model: a step's loss masks in, each micro-batch's MTP loss out."""
 
@@ -179,6 +244,7 @@ class MTPTraining:
             gpt.slime_like_mtp_targets = None
             gpt.slime_like_mtp_losses = None
             gpt._postprocess = types.MethodType(_postprocess, gpt)
+            _route_mtp_layers_freely(gpt)
 
     def begin_step(self, lengths: Sequence[int], masks: Sequence[torch.Tensor], dp_sum: bool = False) -> None:
         """The step's loss masks, per sequence aligned with its log-probs (entry i counts token i+1); dp_sum: each

@@ -1,7 +1,8 @@
-"""torchrun worker: one MTP train step (tests/megatron/test_mtp.py's batch) at TP 2, then at DP 2 with each rank
-given its share (local=True); rank 0 saves {layout: (metrics, exported HF tensors after the step)}.
+"""torchrun worker: one MTP train step (tests/megatron/test_mtp.py's batch) at each layout named: tp2 (TP 2), ep2
+(EP 2 over DP 2, the engine splitting the batch) and dp2 (DP 2, each rank given its share: local=True); rank 0
+saves {layout: (metrics, exported HF tensors after the step)}.
 
-Usage: torchrun --nproc_per_node 2 tests/megatron/mtp_worker.py OUT.pt HF_DIR
+Usage: torchrun --nproc_per_node 2 tests/megatron/mtp_worker.py OUT.pt HF_DIR [LAYOUT,...]  (default tp2,dp2)
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import sys
 import torch
 import torch.distributed as dist
 
+LAYOUTS = {"tp2": {"tp": 2}, "ep2": {"tp": 1, "ep": 2, "etp": 1}, "dp2": {"tp": 1}}
 
-def main(out: str, hf_dir: str) -> None:
+
+def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
     """Run the step at each layout and save the results from rank 0."""
     from megatron.core import parallel_state as mpu
 
@@ -20,8 +23,8 @@ def main(out: str, hf_dir: str) -> None:
     from tests.megatron.test_mtp import SEQUENCES, _engine, _policy_loss, _rows
 
     results = {}
-    for layout, tp in (("tp2", 2), ("dp2", 1)):
-        init_parallel(tp=tp, seed=1234)
+    for layout in layouts.split(","):
+        init_parallel(**LAYOUTS[layout], seed=1234)
         engine = _engine(hf_dir, mtp=True)
         rows, sequences = _rows(), list(SEQUENCES)
         local = layout == "dp2"
@@ -39,4 +42,4 @@ def main(out: str, hf_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

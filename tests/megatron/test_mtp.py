@@ -144,7 +144,9 @@ def test_mtp_loss_trains_only_the_mtp_layer(tiny_mimo_mtp: Path, megatron_world)
 
 
 def test_mtp_refused_where_it_cannot_be_built(tiny_qwen3: Path, tiny_mimo_mtp: Path, megatron_world) -> None:
-    with pytest.raises(ValueError, match="trained for mimo only, not model_type 'qwen3'"):
+    with pytest.raises(
+        ValueError, match="trained for mimo, deepseek_v3, kimi_k2, glm4_moe_lite, glm4_moe only, not model_type 'qwen3'"
+    ):
         MegatronTrainEngine(tiny_qwen3, None, mtp_layers=1)
     with pytest.raises(ValueError, match="--mtp-num-layers 2: the checkpoint has 1 MTP layer"):
         MegatronTrainEngine(tiny_mimo_mtp, None, mtp_layers=2)

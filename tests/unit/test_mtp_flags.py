@@ -100,6 +100,41 @@ def test_mtp_config_problems(mimo: Path, tmp_path: Path) -> None:
     assert mtp_config_problems(on, read_hf_config(str(tmp_path))) == [
         "--enable-mtp-training: the checkpoint has no MTP layers (num_nextn_predict_layers is 0 or absent)"
     ]
+    assert mtp_config_problems(on, read_hf_config(str(write_reference_config("glm4.7-flash", tmp_path / "glm")))) == []
+    glm5 = write_reference_config("glm5-744B-A40B", tmp_path / "glm5")  # its MTP layer has DSA attention
+    (problem,) = mtp_config_problems(on, read_hf_config(str(glm5)))
+    assert (
+        "MTP layers are trained for mimo, deepseek_v3, kimi_k2, glm4_moe_lite, glm4_moe only, not model_type "
+        in problem
+    )
+
+
+def _glm47_flash_run(hf: Path, pp_cp: str) -> list[str]:
+    """slime's run-glm4.7-30B-A3B.sh with its MTP_ARGS; pp_cp "1": at PP 1 / CP 1 (EP 8, as slime's script has it)."""
+    from tests.unit.test_slime_flags import SLIME_RUNS
+
+    run = list(SLIME_RUNS["glm4.7-flash"])
+    if pp_cp == "1":
+        for flag, value in (("--pipeline-model-parallel-size", "1"), ("--context-parallel-size", "1"),
+                            ("--expert-model-parallel-size", "8")):  # fmt: skip
+            run[run.index(flag) + 1] = value
+        i = run.index("--decoder-last-pipeline-num-layers")
+        del run[i : i + 2]
+    mtp = ["--mtp-num-layers", "1", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.2"]
+    return [*SLIME_MODEL_FILES["glm4.7-flash"], "--hf-checkpoint", str(hf), *run, *mtp]
+
+
+def test_slime_glm47_flash_mtp_run_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GLM-4.7-Flash (glm4_moe_lite) trains its MTP layer as slime's script asks, on its published config.json, at
+    PP 1 / CP 1; its PP 2 x CP 2 layout is refused naming both flags."""
     glm = write_reference_config("glm4.7-flash", tmp_path / "glm")
-    (problem,) = mtp_config_problems(on, read_hf_config(str(glm)))
-    assert "MTP layers are trained for mimo only, not model_type 'glm4_moe_lite'" in problem
+    args = parse_args(_glm47_flash_run(glm, "1"))
+    assert mtp_engine_args(args) == {"mtp_layers": 1, "mtp_loss_scaling_factor": 0.2}
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([*_glm47_flash_run(glm, "1"), "--dry-run"])
+    assert exit_.value.code == 0 and "dry run: OK" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parse_args(_glm47_flash_run(glm, "2"))
+    assert "--enable-mtp-training with --pipeline-model-parallel-size 2 / --context-parallel-size 2" in (
+        capsys.readouterr().err
+    )
