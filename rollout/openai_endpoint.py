@@ -26,7 +26,11 @@ Model tokens get loss mask 1 and SGLang's log-probs; everything else loss mask 0
 `tools` are rendered by the chat template and the model's output is parsed into `tool_calls` by SGLang's parser
 named by `--sglang-tool-call-parser` (the servers' own flag); the sampled ids stay what trains. `stream: true`
 answers in server-sent events once the turn is generated (one content chunk, then the finish reason).
-Not yet: `n > 1`, token-by-token streaming, histories that branch (an agent that edits or forks its conversation).
+Message `content` may be a string or a list of text parts (joined with newlines, as slime's adapters do); image and
+file parts are refused (400). Histories that branch (an agent that forks its conversation: two continuations of one
+history) are served by `branch_for` for callers that want one sample per branch (the `slime.agent` adapters in
+slime_like/compat/slime/agent/); a plain session refuses them with 400.
+Not yet: `n > 1`, token-by-token streaming.
 """
 
 from __future__ import annotations
@@ -106,6 +110,17 @@ class Turn:
     meta_info: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A session's state after one turn: its token and text counts, and the conversation's text then."""
+
+    tokens: int
+    texts: int
+    turns: int
+    rendered: str
+    bridge: str
+
+
 @dataclass
 class ChatSession:
     """One sample's conversation: every token so far with its loss mask and log-prob, and the text it renders as."""
@@ -129,6 +144,8 @@ class ChatSession:
     drift: int = 0  # turns the template shows differently from the sampled ids
     inflight: str | None = None  # rid of the request being generated
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    marks: list[Mark] = field(default_factory=list, repr=False)  # the state after each turn, for branching
+    inherited: int = 0  # leading response tokens copied from the branch this one forked from (trained there)
 
     @property
     def response_length(self) -> int:
@@ -142,6 +159,20 @@ class ChatSession:
         self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
         self.texts.append(text)
         self.spans.append((len(ids), meta))
+
+    def mark(self) -> None:
+        """Remember the state after the turn just recorded, so that a branch can start from it."""
+        self.marks.append(Mark(len(self.tokens), len(self.texts), len(self.turns), self.rendered, self.bridge))
+
+    def branch(self, k: int, sid: str) -> ChatSession:
+        """A new session with this one's first `k + 1` turns (the state after turn k), to continue differently."""
+        m = self.marks[k]
+        n = m.tokens - self.prompt_length
+        new = ChatSession(sid, self.sample_index, self.sampling_params, self.budget, prompt_length=self.prompt_length)
+        new.tokens, new.loss_mask, new.log_probs = self.tokens[: m.tokens], self.loss_mask[:n], self.log_probs[:n]
+        new.texts, new.spans, new.turns = self.texts[: m.texts], self.spans[: m.texts], self.turns[: m.turns]
+        new.rendered, new.bridge, new.marks, new.inherited = m.rendered, m.bridge, self.marks[: k + 1], n
+        return new
 
     def write_sample(self, sample: Sample) -> None:
         """Make the sample's tokens, response, loss mask, log-probs and version spans exactly this session's."""
@@ -256,15 +287,50 @@ class OpenAIEndpoint:
                 body = await request.json()
             except ValueError as exc:
                 raise EndpointError(400, f"the body is not JSON: {exc}") from exc
-            if body.get("n", 1) != 1:
-                raise EndpointError(400, "`n` other than 1 is not supported: open one session per sample")
-            async with session.lock:  # one turn at a time: each turn extends the previous one
-                answer = await complete(session, body)
+            answer = await self.complete(session, body, complete)
         except EndpointError as exc:
             return _error(exc)
         if not body.get("stream"):
             return web.json_response(answer)
         return await _stream(request, answer, bool((body.get("stream_options") or {}).get("include_usage")))
+
+    async def complete(self, session: ChatSession, body: dict[str, Any], kind: Any = None) -> dict[str, Any]:
+        """One turn of `session` for an OpenAI request body (chat unless `kind` is `_complete_text`): the answer,
+        or EndpointError."""
+        if not isinstance(body, dict):
+            raise EndpointError(400, "the body must be a JSON object")
+        if body.get("n", 1) != 1:
+            raise EndpointError(400, "`n` other than 1 is not supported: open one session per sample")
+        if session.closed:
+            raise EndpointError(404, "unknown or ended session (its sample finished, failed or timed out)")
+        async with session.lock:  # one turn at a time: each turn extends the previous one
+            return await (kind or self._complete_chat)(session, body)
+
+    def chat_prompt(self, body: dict[str, Any]) -> str:
+        """The chat template's text a chat request asks to continue (messages, tools, generation prompt)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise EndpointError(400, "`messages` must be a non-empty list")
+        return render(self.ctx.tokenizer, _plain_messages(messages), True, body.get("tools") or None)
+
+    def branch_for(self, branches: list[ChatSession], prompt_text: str) -> ChatSession | None:
+        """The branch a chat prompt continues, forking one when it continues an earlier turn or a turn still being
+        generated (the fork is appended to `branches` and registered), or None when it continues none of them."""
+        best: tuple[int, ChatSession, int] | None = None
+        for branch in branches:
+            for k, mark in enumerate(branch.marks):
+                if prompt_text.startswith(mark.rendered) and (best is None or len(mark.rendered) > best[0]):
+                    best = (len(mark.rendered), branch, k)
+        if best is None:
+            return None
+        _, branch, k = best
+        if k == len(branch.marks) - 1 and not branch.lock.locked():
+            return branch  # a turn of it in flight: a second continuation of its last turn is a fork
+        fork = branch.branch(k, f"{branch.id.split('~')[0]}~{len(branches)}")
+        branches.append(fork)
+        self.sessions[fork.id] = fork
+        self.ctx.count("openai_branches")
+        return fork
 
     def _session_of(self, request: web.Request) -> ChatSession:
         """The request's session, once its key is checked."""
@@ -306,7 +372,7 @@ class OpenAIEndpoint:
         tools = body.get("tools") or None
         parser = self._tool_parser(tools, body.get("tool_choice"))
         forced = _tool_constraint(parser, body.get("tool_choice")) if parser is not None else {}
-        messages = [{**m, "content": m.get("content") or ""} for m in messages]  # templates concatenate content
+        messages = _plain_messages(messages)
         tokenizer = self.ctx.tokenizer
         prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
         input_ids, out = await self._generate(session, prompt_text, body, forced)
@@ -326,6 +392,7 @@ class OpenAIEndpoint:
         if drift:
             session.drift += 1
             self.ctx.count("openai_template_drift")
+        session.mark()
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -348,6 +415,7 @@ class OpenAIEndpoint:
         input_ids, out = await self._generate(session, prompt, body)
         ids, output_text, reason = self._record(session, input_ids, out)
         session.rendered, session.bridge = prompt + output_text, ""
+        session.mark()
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -467,6 +535,23 @@ def _tool_constraint(parser: Any, tool_choice: Any) -> dict[str, str]:
     kind, value = constraint
     value = value.model_dump(by_alias=True) if hasattr(value, "model_dump") else value
     return {kind: value if isinstance(value, str) else json.dumps(value)}
+
+
+def _plain_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages with string content, as chat templates concatenate it: a list of text parts is joined with
+    newlines (as slime's adapters do), a missing content is empty; other parts (images, files) are refused."""
+    plain = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise EndpointError(400, "each message must be a JSON object")
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            kinds = {p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content} - {"text"}
+            if kinds:
+                raise EndpointError(400, f"content parts {sorted(map(str, kinds))} are not supported: text only")
+            content = "\n".join(p.get("text") or "" for p in content)
+        plain.append({**m, "content": content})
+    return plain
 
 
 def _tool_call(call: Any) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""slime's agent rollout building blocks (`slime.agent`), over our OpenAI-compatible endpoint."""
