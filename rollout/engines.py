@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from rollout.delta_pull import ENGINE_NODE_PREFIX, pull
 from rollout.router import SGLangRouter
 from rollout.sglang_server import SGLangServer
 from slime_like.core.cluster import Slot, node_options, slot_options, where_am_i
@@ -108,6 +110,12 @@ class EngineNode:
         """Whether `path` exists on this node (the disk transport needs a filesystem shared with the trainer)."""
         return os.path.exists(path)
 
+    def pull_weights(self, local: str, source: str, version: int, chain: str) -> dict[str, Any]:
+        """Delta weight sync: bring this host's copy of the model at `local` to a published version (delta_pull.py)."""
+        if self.server is None:
+            raise EngineError("pull_weights before the engine started: the local checkpoint seeds from its model")
+        return {"host": self.host, **pull(local, self.server.model_path, source, version, chain)}
+
     def stop(self) -> int | None:
         """Stop the SGLang process; its exit status."""
         return self.server.stop() if self.server else None
@@ -172,7 +180,14 @@ def start_engines(
     engines = []
     for index, slots in zip(indices or range(len(engine_slots)), engine_slots, strict=True):
         parts = split_by_node(slots)
-        actors = [remote.options(**slot_options(p[0], ENGINE_SHARE, use_gpu, env)).remote() for p in parts]
+        actors = [
+            # Named, so delta weight sync finds every host of every engine (rollout/delta_pull.py).
+            remote.options(
+                name=f"{ENGINE_NODE_PREFIX}{index}:{rank}:{uuid.uuid4().hex[:8]}",
+                **slot_options(p[0], ENGINE_SHARE, use_gpu, env),
+            ).remote()
+            for rank, p in enumerate(parts)
+        ]
         engines.append(Engine(index, actors, parts))
     try:
         pending = {}

@@ -562,10 +562,13 @@ class TrainActor:
                 server_urls, size, tp_per_server=tp, master_address=self.master_addr, timeout_s=timeout
             ),
             "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
-            "disk": lambda: DiskTransport(
-                server_urls, size, args.hf_checkpoint, os.path.join(output_dir, "weights"), timeout_s=timeout
-            ),
+            "disk": lambda: DiskTransport(server_urls, size, args.hf_checkpoint, disk_dir, timeout_s=timeout),
         }
+        disk_dir = args.update_weight_disk_dir or os.path.join(output_dir, "weights")
+        if args.update_weight_local_checkpoint_dir:  # delta, or full versions pulled to host-local disks
+            from slime_like.weights.delta import make_delta_transport
+
+            factories["disk"] = lambda: make_delta_transport(args, server_urls, disk_dir)
         fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
         return WeightUpdater(factories, kind, fallback, args.update_weight_retries, self.rank)
 

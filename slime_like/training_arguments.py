@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_like.trainer_hooks import add_trainer_hook_arguments, load_trainer_hooks
+from slime_like.weights.delta_arguments import add_delta_arguments, validate_delta_args
 
 
 def add_megatron_arguments(parser: argparse.ArgumentParser) -> None:
@@ -260,17 +261,7 @@ def validate_checkpoint_args(args: argparse.Namespace) -> None:
         _error("--keep-last-n-checkpoints needs --save DIR")
     if args.update_weight_transport == "nccl":  # slime's name of the broadcast transport
         args.update_weight_transport = "distributed"
-    if args.update_weight_mode == "delta":
-        _error(
-            "--update-weight-mode delta is not supported: updates here always send all weights (--update-weight-mode "
-            "full, slime's default)"
-        )
-    given = [flag for flag in DELTA_FLAGS if getattr(args, flag.removeprefix("--").replace("-", "_")) is not None]
-    if given:
-        _error(
-            f"{given[0]} configures slime's disk/delta weight update, which is not supported here: the disk transport "
-            "(--update-weight-transport disk) writes its files under --output-dir/weights; drop the flag"
-        )
+    validate_delta_args(args)
     loading = [f for f in ("no_load_optim", "no_load_rng", "finetune") if getattr(args, f)]
     if loading and not args.load:
         _error(f"--{loading[0].replace('_', '-')} applies to what --load loads: add --load DIR (or drop it)")
@@ -497,16 +488,6 @@ def apply_custom_config(args: argparse.Namespace) -> list[str]:
     return list(data)
 
 
-# slime's flags of its disk and delta weight updates; the disk transport here writes under --output-dir.
-DELTA_FLAGS = (
-    "--update-weight-disk-dir",
-    "--update-weight-local-checkpoint-dir",
-    "--update-weight-delta-encoding",
-    "--update-weight-delta-checksum",
-    "--custom-update-weight-post-write-path",
-)
-
-
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """Model source, checkpoint save/load and weight-update flags."""
     g = parser.add_argument_group("checkpoint")
@@ -563,10 +544,10 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         "--update-weight-mode",
         default="full",
         choices=["full", "delta"],
-        help="full: every update sends all weights (slime's default); delta is not supported here",
+        help="full: every update sends all weights (slime's default); delta: only the bytes that changed, published "
+        "on a shared disk and applied on every rollout host (--update-weight-transport disk; docs/weight-sync.md)",
     )
-    for flag in DELTA_FLAGS:
-        w.add_argument(flag, default=None, help="slime's disk/delta weight update: not supported here")
+    add_delta_arguments(w)
     w.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per update bucket")
     w.add_argument(
         "--update-weight-timeout", type=float, default=300.0, help="seconds any server call or broadcast may take"

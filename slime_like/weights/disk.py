@@ -47,11 +47,16 @@ class DiskTransport(WeightTransport):
 
     def write(self, named_tensors: NamedTensors, version: int) -> Path:
         """An HF checkpoint directory holding these tensors (one safetensors shard per bucket)."""
-        target = self.directory / f"v{version}"
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        for path in _model_files(self.hf_checkpoint):
-            shutil.copy(path, target / path.name)
-        for i, bucket in enumerate(buckets(named_tensors, self.bucket_bytes)):
-            save_file({n: t.detach().contiguous().cpu() for n, t in bucket}, target / f"model-{i:05d}.safetensors")
-        return target
+        return write_checkpoint(named_tensors, self.directory / f"v{version}", self.hf_checkpoint, self.bucket_bytes)
+
+
+def write_checkpoint(named_tensors: NamedTensors, target: Path, hf_checkpoint: Path, bucket_bytes: int) -> Path:
+    """`target` as an HF checkpoint of these tensors (one safetensors shard per bucket, the other files of
+    `hf_checkpoint` copied); returns it."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for path in _model_files(Path(hf_checkpoint)):
+        shutil.copy(path, target / path.name)
+    for i, bucket in enumerate(buckets(named_tensors, bucket_bytes)):
+        save_file({n: t.detach().contiguous().cpu() for n, t in bucket}, target / f"model-{i:05d}.safetensors")
+    return target
