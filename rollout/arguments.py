@@ -155,6 +155,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer-filter-path", default=None, help="(args, returned_groups, num_groups) -> groups")
     p.add_argument("--rollout-sample-filter-path", default=None, help="(args, group) -> list[bool] (False: no loss)")
     p.add_argument(
+        "--custom-convert-samples-to-train-data-path",
+        default=None,
+        help="slime's (args, samples) -> dict of train-data keys, replacing the built-in conversion "
+        "(rollout/slime_train_data.py)",
+    )
+    p.add_argument(
         "--rollout-all-samples-process-path",
         default=None,
         help="slime's (args, all_groups, data_source) -> None, after the built-in rollout: every group it generated, "

@@ -16,6 +16,8 @@ from rollout.generate import generate
 from rollout.log_hooks import EVAL_LOG_FLAG, ROLLOUT_LOG_FLAG
 from rollout.rewards import RewardFunction, get_reward_function
 from rollout.sample_hooks import SampleHook, load_sample_hooks
+from rollout.slime_train_data import FLAG as CONVERT_FLAG
+from rollout.slime_train_data import convert_hook
 from slime_like.core.errors import PluginError
 from slime_like.core.plugin_loader import Signature, load_hook
 from slime_like.core.sample import Sample
@@ -37,6 +39,7 @@ HOOKS: dict[str, tuple[str, Signature, Signature, Callable[[Any], Any] | None]] 
     ),
     SAMPLE_FILTER_FLAG: ("rollout_sample_filter_path", (2, False), (2, False), None),
     ALL_SAMPLES_FLAG: ("rollout_all_samples_process_path", (3, False), (3, False), None),
+    CONVERT_FLAG: ("custom_convert_samples_to_train_data_path", (2, False), (2, False), None),  # slime's only
     REWARD_POST_PROCESS_FLAG: ("custom_reward_post_process_path", (2, False), (2, False), None),
     "--rollout-function-path": ("rollout_function_path", (3, True), (3, False), slime_contract.rollout_function_hook),
     "--eval-function-path": ("eval_function_path", (3, True), (3, False), slime_contract.eval_function_hook),
@@ -59,6 +62,7 @@ class RolloutHooks:
     dynamic_filter: Callable[[Any, list[Sample]], Any] | None = None
     sample_filter: Callable[[Any, list[Sample]], list[bool]] | None = None
     all_samples_process: Callable[[Any, list[list[Sample]], Any], None] | None = None  # slime's, built-in loop only
+    convert_samples: Callable[[Any, list[list[Sample]]], Any] | None = None  # slime's, -> TrainData
     reward_post_process: Callable[[Any, list[Sample]], list[float]] | None = None
     rollout_function: Callable[..., Awaitable[list[list[Sample]]]] | None = None
     eval_function: Callable[..., Awaitable[dict[str, Any]]] | None = None
@@ -106,6 +110,7 @@ def load_hooks(args: Any) -> RolloutHooks:
         dynamic_filter=loaded.get("--dynamic-sampling-filter-path"),
         sample_filter=loaded.get(SAMPLE_FILTER_FLAG),
         all_samples_process=loaded.get(ALL_SAMPLES_FLAG),
+        convert_samples=convert_hook(loaded[CONVERT_FLAG]) if CONVERT_FLAG in loaded else None,
         reward_post_process=loaded.get(REWARD_POST_PROCESS_FLAG),
         rollout_function=loaded.get("--rollout-function-path"),
         eval_function=loaded.get("--eval-function-path"),

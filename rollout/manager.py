@@ -457,8 +457,11 @@ class RolloutManager:
         return self._hand_off(rollout_id, *self.next_batch(rollout_id))
 
     def _hand_off(self, rollout_id: int, groups: list[list[Sample]], metrics: dict[str, Any]) -> RolloutResult:
-        args = self.args
-        return hand_off(rollout_id, groups, metrics, self._train_layout, args.reward_key, args.save_debug_train_data)
+        args, convert = self.args, self.hooks.convert_samples
+        return hand_off(
+            rollout_id, groups, metrics, self._train_layout, args.reward_key, args.save_debug_train_data,
+            convert=(lambda groups: convert(args, groups)) if convert is not None else None,
+        )  # fmt: skip
 
     def _finish(
         self, rollout_id: int, groups: list[list[Sample]], metrics: dict[str, Any]

@@ -8,13 +8,14 @@ start (TrainLayout).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from buffer.accounting import all_failed
-from buffer.train_data import build_train_data, split_by_dp
+from buffer.train_data import TrainData, build_train_data, split_by_dp
 from rollout.debug_data import save_train_data
 from slime_like.core.sample import Sample
 
@@ -45,13 +46,15 @@ def hand_off(
     layout: TrainLayout | None,
     reward_key: str | None,
     save_train_data_path: str | None = None,
+    convert: Callable[[list[list[Sample]]], TrainData] | None = None,
 ) -> RolloutResult:
-    """The driver's view of a finished rollout; with a trainer (`layout`), its training data split and put into
-    the object store, one object per DP rank (--save-debug-train-data saves the whole, unsplit, first)."""
+    """The driver's view of a finished rollout; with a trainer (`layout`), its training data (built, or made by
+    `convert`: slime's --custom-convert-samples-to-train-data-path) split and put into the object store, one object
+    per DP rank (--save-debug-train-data saves the whole, unsplit, first)."""
     failure = all_failed(groups)
     if failure or layout is None:  # nothing to train on, or nobody to train (--debug-rollout-only)
         return RolloutResult(metrics, failure)
-    data = build_train_data(groups, reward_key=reward_key)
+    data = convert(groups) if convert is not None else build_train_data(groups, reward_key=reward_key)
     if save_train_data_path:
         save_train_data(save_train_data_path, rollout_id, data)
     shares = split_by_dp(data, layout.dp_size, layout.global_batch_size, layout.multiple)

@@ -30,6 +30,28 @@ def reward(args, sample):
 """
 
 
+# slime's --custom-convert-samples-to-train-data-path, written as slime's built-in conversion for an estimator that
+# takes raw rewards (reinforce_plus_plus), minus the samples our build leaves out (failed: no usable reward).
+SLIME_CONVERTER = """
+from pathlib import Path
+
+def convert(args, samples):
+    kept = [s for s in samples if s.status.name not in ("FAILED", "ABORTED") and s.response_length > 0]
+    with open(Path(__file__).with_suffix(".calls"), "a") as calls:
+        calls.write(f"{len(samples)} {len(kept)}\\n")
+    return {
+        "tokens": [s.tokens for s in kept],
+        "response_lengths": [s.response_length for s in kept],
+        "rewards": [s.reward for s in kept],
+        "raw_reward": [s.reward for s in kept],
+        "truncated": [int(s.status.name == "TRUNCATED") for s in kept],
+        "sample_indices": [s.index for s in kept],
+        "loss_masks": [s.loss_mask or [1] * s.response_length for s in kept],
+        "rollout_log_probs": [s.rollout_log_probs for s in kept],
+    }
+"""
+
+
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Six addition prompts and the raising reward plugin."""
@@ -38,6 +60,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "raising_rm.py").write_text(REWARD_PLUGIN)
     (root / "down_rm.py").write_text("def reward(args, sample):\n    raise ConnectionError('reward service down')\n")
+    (root / "slime_convert.py").write_text(SLIME_CONVERTER)
     return root
 
 
@@ -189,6 +212,27 @@ def test_a_saved_rollout_replays_into_training_bit_identically(
         assert train and train == {k: original[step][k] for k in train}, step
     saved = torch.load(tmp_path / "train" / "1.pt")
     assert saved["tokens"] == [s["tokens"] for s in rollouts(out / "run")[1] if s["status"] != "failed"]
+
+
+def test_a_slime_sample_converter_trains_as_the_built_in_conversion(
+    sync_run: tuple[Path, list[dict]], tiny_qwen3: Path, task: Path, tmp_path: Path
+) -> None:
+    """slime's --custom-convert-samples-to-train-data-path: replaying the sync run's rollouts through a converter
+    that builds slime's train-data dict takes the same training steps as the built-in conversion did."""
+    out, records = sync_run
+    template = str(out / "run" / "rollouts" / "rollout_{rollout_id:06d}.jsonl")
+    replay = run_loop(
+        "slime_like.train", tiny_qwen3, task, tmp_path / "replay", "--load-debug-rollout-data", template,
+        "--custom-convert-samples-to-train-data-path", "slime_convert.convert", num_rollout=3,
+    )  # fmt: skip
+    calls = (task / "slime_convert.calls").read_text().split("\n")[:-1]
+    assert len(calls) == 3 and all(c.split()[0] == str(BATCH * N_SAMPLES) for c in calls)
+    original = {r["step"]: r for r in records if "train/loss" in r}
+    replayed = {r["step"]: r for r in replay if "train/loss" in r}
+    assert sorted(replayed) == [0, 1, 2]
+    for step, metrics in replayed.items():
+        train = {k: v for k, v in metrics.items() if k.startswith("train/") and not timing(k)}
+        assert train and train == pytest.approx({k: original[step][k] for k in train}, rel=1e-6, abs=1e-9), step
 
 
 def test_debug_rollout_only_generates_without_a_trainer(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
