@@ -55,7 +55,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         help="slime's prefill/decode disaggregation: not supported (the error says what is missing)",
     )
     g.add_argument(
-        "--sglang-config", default=None, help="slime's YAML of model/server groups: not supported yet (error)"
+        "--sglang-config",
+        default=None,
+        help="slime's YAML of named models served in one run (policy, teacher, reward model): rollout/model_groups.py",
     )
     g.add_argument(
         "--router-policy",
@@ -254,11 +256,9 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
             "router in --pd-disaggregation yet. Drop the flag: every engine prefills and decodes"
         )
     if args.sglang_config is not None:
-        raise ValueError(
-            "--sglang-config (named model/server groups, e.g. a teacher or reward model beside the policy) is not "
-            "supported yet: serve the other model with its own SGLang server and name it by URL (--rm-url; "
-            "--opd-type sglang for a teacher), or use --opd-type megatron for a teacher of the policy's architecture"
-        )
+        from rollout.model_groups import load_model_groups
+
+        load_model_groups(args)  # checked now, before anything starts; the rollout manager reads it again
     if args.rollout_max_context_len is not None:
         if args.rollout_max_context_len < 2:
             raise ValueError(f"--rollout-max-context-len {args.rollout_max_context_len} leaves no room for a response")
@@ -289,6 +289,14 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
         raise ValueError("--group-rm needs --custom-rm-path (the built-in rewards score one sample at a time)")
     if args.rm_type == "remote" and not args.custom_rm_path and not args.rm_url:
         raise ValueError("--rm-type remote needs --rm-url")
+    # With --sglang-config the one frozen model's router becomes --rm-url when the fleet starts (rollout/fleet_plan.py).
+    opd_reward = (args.custom_rm_path or "").startswith("slime.rollout.on_policy_distillation.")
+    if opd_reward and not args.rm_url and not args.sglang_config:
+        raise ValueError(
+            f"--custom-rm-path {args.custom_rm_path} asks the teacher for its log-probs at --rm-url: set --rm-url "
+            "to the teacher server's /generate URL (e.g. http://127.0.0.1:13141/generate), or serve the teacher "
+            "in the run with --sglang-config"
+        )
     resolve_num_rollout(args)
     if args.eval_config:
         apply_eval_config(args)

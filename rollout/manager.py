@@ -1,4 +1,5 @@
-"""The rollout side of a run: SGLang servers behind one router, the data buffer, generation, rewards and eval."""
+"""The rollout proper: the data buffer, generation, rewards, filters, eval and the hand-off to training, through the
+engine fleet (rollout/fleet.py) it owns."""
 
 from __future__ import annotations
 
@@ -7,37 +8,33 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import asynccontextmanager, suppress
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
-import ray
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
 from buffer.train_data import trainable
-from rollout import sglang_client as client
-from rollout.arguments import eval_data_keys, server_dtype
+from rollout.arguments import eval_data_keys
 from rollout.context import RolloutContext, running
 from rollout.continuous import ContinuousRollout
 from rollout.debug_data import load_rollout_data, save_rollout_data
-from rollout.engines import Engine, EngineLaunch, start_engines, start_router, stop_engines
 from rollout.evaluation import eval_sampling_params, evaluate_datasets
+from rollout.fleet import EngineFleet
+from rollout.fleet_plan import expose_routers, plan_fleets, start_fleets
 from rollout.generate import sampling_params_from_args
-from rollout.health import HealthMonitor
 from rollout.hooks import RolloutHooks, load_hooks
 from rollout.log_hooks import log_eval, log_rollout
 from rollout.metrics import rollout_metrics
 from rollout.pause import check_server_args
 from rollout.postprocess import finish_rollout
-from rollout.router import SGLangRouter
 from rollout.sampling import generate_rollout
 from rollout.train_handoff import RolloutResult, TrainLayout, hand_off
 from slime_like.core.cluster import Slot
-from slime_like.core.errors import EngineError, PluginError
+from slime_like.core.errors import PluginError
 from slime_like.core.logs import setup_logging
 from slime_like.core.sample import Sample
 
@@ -72,7 +69,8 @@ def check_groups(groups: Any, flag: str) -> list[list[Sample]]:
 
 
 class RolloutManager:
-    """Owns the servers, the router and the buffer; `generate` returns one rollout's groups, `evaluate` eval metrics.
+    """Generates rollouts and evals from the buffer through the engine fleet (rollout/fleet.py), which it owns;
+    `generate` returns one rollout's groups, `evaluate` eval metrics.
 
     With `server_urls` (and optionally `router_url`) it uses servers started elsewhere and never stops them.
     """
@@ -80,7 +78,7 @@ class RolloutManager:
     def __init__(
         self,
         args: Any,
-        engine_slots: list[list[Slot]] | None = None,
+        rollout_slots: list[Slot] | None = None,
         use_gpu: bool = False,
         env: dict[str, str] | None = None,
         server_urls: list[str] | None = None,
@@ -99,28 +97,17 @@ class RolloutManager:
             name: load_dataset(args, path, self.tokenizer, evaluation=True)
             for name, path in getattr(args, "eval_datasets", [])
         }
-        self.engines: list[Engine] = []
-        self._engines_lock = threading.Lock()
-        self.monitor: HealthMonitor | None = None
-        self.router_monitor: HealthMonitor | None = None  # with --use-fault-tolerance: restarts a dead router
-        self.engine_failures = self.engines_restarted = self.router_restarts = 0
-        self.router: Any = None  # a local SGLangRouter (external servers) or a RouterHost actor
-        # Held while the router is restarted or its workers change (the health threads and the update both do it).
-        self._router_lock = threading.RLock()
-        self._router_down: str | None = None  # why the router is down and could not be restarted (fault tolerance)
-        self._contexts: dict[int, RolloutContext] = {}  # the open ones: told when a restarted router moved
-        self._closing = False
-        self._external = server_urls is not None
-        self._server_urls = list(server_urls or [])
-        self._router_url = router_url
+        planned = plan_fleets(args, rollout_slots or [])  # --sglang-config's models, else the policy alone
+        self.fleets: dict[str, EngineFleet] = {fleet.spec.name: fleet for fleet, _ in planned}
+        self.fleet = planned[0][0]  # the policy's: it generates the rollouts and alone takes weight updates
         # Our own event loop thread: the caller (a Ray actor) may already be running one.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
-        if self._external:
-            if router_url is None:
-                self._start_local_router(Path(args.output_dir) / "logs")
+        if server_urls is not None:
+            self.fleet.attach(server_urls, router_url)
         elif not args.debug_train_only:  # --debug-train-only replays saved rollouts: no servers
-            self._start_engines(engine_slots or [], use_gpu, env or {})
+            start_fleets(planned, use_gpu, env or {})
+            expose_routers(args, self.fleets)
 
     def _data_source(self) -> Any:
         """--data-source-path's source, or the epoch-shuffled --prompt-data source."""
@@ -138,273 +125,76 @@ class RolloutManager:
             dataset, self.args.n_samples_per_prompt, shuffle=self.args.rollout_shuffle, seed=self.args.rollout_seed
         )
 
-    def _start_engines(self, engine_slots: list[list[Slot]], use_gpu: bool, env: dict[str, str]) -> None:
-        """Start one engine per slot list on its nodes, then the router actor on this node."""
-        if not engine_slots:
-            raise EngineError("no engine slots given: the placement reserved no rollout GPUs")
-        log_dir = str(Path(self.args.output_dir) / "logs")
-        launch = EngineLaunch(
-            model_path=self.args.hf_checkpoint,
-            dtype=server_dtype(self.args),  # the trainer's: else SGLang serves an fp32 checkpoint in fp16
-            device="cuda" if use_gpu else "cpu",
-            tp=self.args.rollout_num_gpus_per_engine,
-            extra_args=list(self.args.sglang_server_args),
-            log_dir=log_dir,
-            startup_timeout=self.args.sglang_startup_timeout,
-        )
-        self._launch, self._use_gpu, self._env, self._log_dir = launch, use_gpu, env, log_dir
-        self.engines = start_engines(launch, engine_slots, use_gpu, env)
-        try:
-            self._server_urls = [e.url for e in self.engines]
-            self.router, self._router_url = start_router(self._server_urls, self.args.router_policy, log_dir, env)
-            for engine in self.engines:
-                logger.info("%s", engine.describe())
-            self.set_weight_version(0)
-        except BaseException:
-            self.shutdown()
-            raise
-        if self.args.use_fault_tolerance:
-            self.monitor = HealthMonitor(
-                lambda: [e for e in self.engines if not e.dead and not e.joining],
-                self._check_engine,
-                self._engine_failed,
-                self.args.rollout_health_check_interval,
-                self.args.rollout_health_check_first_wait,
-            )
-            self.monitor.start()
-            # Its own thread: a hung engine's check must not delay it, and a failed request wakes it at once.
-            self.router_monitor = HealthMonitor(
-                lambda: [self._router_url],
-                self._check_router,
-                self._router_failed,
-                self.args.rollout_health_check_interval,
-                name="router-health",
-            )
-            self.router_monitor.start()
+    # The engine fleet's part of the manager's Ray interface (slime_like/run.py calls these).
 
-    def _check_engine(self, engine: Engine) -> None:
-        """Raise unless every node's SGLang process runs and node rank 0 generates within the timeout."""
-        timeout = self.args.rollout_health_check_timeout
-        if not all(ray.get([a.alive.remote() for a in engine.parts], timeout=timeout)):
-            raise EngineError(f"{engine.describe()}: its SGLang process exited")
-        client.health_generate(engine.url, timeout)
+    def server_urls(self) -> list[str]:
+        """Base URLs of the SGLang servers (for weight updates)."""
+        return self.fleet.server_urls()
 
-    def _probe(self, engine: Engine) -> Exception | None:
-        """The health check's failure, or None."""
-        try:
-            self._check_engine(engine)
-        except Exception as error:  # any failure means the engine cannot serve
-            return error
-        return None
+    def set_weight_version(self, version: int) -> None:
+        """Tag the servers' current weights (samples record it)."""
+        self.fleet.set_weight_version(version)
 
-    def _engine_failed(self, engine: Engine, error: Exception) -> None:
-        """Take a failed engine out of the router and stop its processes; it restarts before the next update."""
-        with self._engines_lock:
-            if engine.dead or engine not in self.engines:
-                return
-            engine.dead = True
-            self.engine_failures += 1
-        logger.warning("%s failed its health check (%s): taken out of the router, restarted before the next "
-                       "weight update", engine.describe(), error)  # fmt: skip
-        try:
-            ray.get(self.router.remove_worker.remote(engine.url), timeout=60)
-        except Exception as exc:  # the router may have dropped it already
-            logger.warning("removing %s from the router: %r", engine.url, exc)
-        stop_engines([engine], timeout=30)
+    def engine_layout(self) -> list[dict[str, Any]]:
+        """Each engine's URL, and per node rank its Ray node id and SGLang pid (placement lines, tests)."""
+        return self.fleet.layout()
 
-    def _check_router(self, url: str, timeout: float | None = None) -> None:
-        """Raise unless the router answers /health within `timeout` (default: the health check timeout)."""
-        client.get(url, "/health", timeout=timeout or self.args.rollout_health_check_timeout)
+    def router_info(self) -> dict[str, Any]:
+        """The router's URL, its process's pid (None for one started elsewhere) and the workers it lists."""
+        return self.fleet.router_info()
 
-    def _router_answers(self) -> bool:
-        """Whether the router answers /health now (a second look after a failure: a hung one has had its time)."""
-        try:
-            self._check_router(self._router_url, timeout=min(5.0, self.args.rollout_health_check_timeout))
-        except EngineError:
-            return False
-        return True
+    def model_groups(self) -> dict[str, dict[str, Any]]:
+        """Each served model (--sglang-config): its router, whether it takes weight updates, its engines."""
+        return {
+            name: {"router": f.router_url, "update_weights": f.spec.update_weights, "engines": f.layout()}
+            for name, f in self.fleets.items()
+        }
 
-    def _router_failed(self, url: str, error: Exception) -> None:
-        """The router failed its health check: restart it, unless it was restarted since the check began."""
-        with self._router_lock:
-            if self._closing or url != self._router_url or self._router_answers():
-                return  # shutting down, or restarted since the check began (the port may have moved)
-            self._restart_router(error)
+    def paths_unseen(self, path: str) -> list[str]:
+        """The engine nodes on which `path` does not exist (the disk transport needs a shared filesystem)."""
+        return self.fleet.paths_unseen(path)
 
-    def _restart_router(self, error: Exception) -> None:
-        """(Router lock held.) A new router process in place of the dead one (in a new actor if its actor died too),
-        on its port when free, and every live engine registered with it again (restarted ones waiting for their
-        first update join in `rejoin_engines`)."""
-        old = self._router_url
-        try:
-            try:
-                url, code = ray.get(self.router.restart.remote(), timeout=300)
-                died = "was hung and was stopped" if code is None else f"exited with code {code}"
-            except ray.exceptions.RayActorError as exc:  # the router process died with it: a new actor, same node
-                port = urlsplit(old).port
-                self.router, url = start_router([], self.args.router_policy, self._log_dir, self._env, port)
-                died = f"died with its Ray actor ({type(exc).__name__})"
-        except Exception as exc:
-            self._router_down = f"sglang-router at {old} failed ({error}) and could not be restarted: {exc}"
-            raise EngineError(self._router_down) from exc
-        self._router_down = None
-        self.router_restarts += 1
-        if url != old:  # the old port was taken: every request from now on goes to the new one
-            self._router_url = url
-            for ctx in list(self._contexts.values()):
-                ctx.router_url = url
-        live = [e for e in self.engines if not e.dead and not e.joining]
-        for engine in live:
-            try:
-                ray.get(self.router.add_worker.remote(engine.url), timeout=120)
-            except Exception as exc:  # it does not pass the router's check: restarted at the next weight update
-                self._engine_failed(engine, exc)
-        logger.warning("sglang-router at %s failed (%s; its process %s): router restarted at %s with %d engine(s) "
-                       "registered again (restart %d)", old, error, died, url, len(live), self.router_restarts)  # fmt: skip
+    def recover_engines(self) -> list[str]:
+        """Before a weight update: dead engines restart (rollout/fleet.py); every engine's URL."""
+        for fleet in self.fleets.values():
+            if fleet is not self.fleet:
+                fleet.heal()  # frozen groups heal themselves on failure; this catches a restart that failed
+        return self.fleet.recover()
 
-    def _request_failed(self) -> None:
-        """A request through the router failed: with fault tolerance check the router now."""
-        if self.router_monitor is not None:
-            self.router_monitor.wake()
+    def rejoin_engines(self) -> int:
+        """After a weight update: restarted engines join the router; how many joined."""
+        return self.fleet.rejoin()
 
-    def _router_failure(self) -> str | None:
-        """Why the router is gone (then the rollout cannot go on), or None: without fault tolerance, its process
-        exited; with it, it could not be restarted."""
-        if self.router_monitor is not None:
-            with self._router_lock:
-                if self._router_down is not None and not self._closing:
-                    # The health thread will try again, but this rollout needs an answer now: one more attempt.
-                    with suppress(EngineError):
-                        self._restart_router(EngineError(self._router_down))
-                return self._router_down
-        if isinstance(self.router, SGLangRouter):
-            code = self.router.process.returncode if self.router.process else None
-        elif self.router is not None:
-            try:
-                code = ray.get(self.router.returncode.remote(), timeout=60)
-            except Exception as exc:  # its actor is gone, and the router process with it
-                return f"sglang-router at {self._router_url} is gone with its Ray actor ({exc!r})"
-        else:
-            return None  # a router started elsewhere: not ours to watch
-        if code is None:
-            return None
-        return (
-            f"sglang-router at {self._router_url} exited with code {code}: every request through it fails "
-            "(see its log under --output-dir/logs; --use-fault-tolerance restarts it)"
-        )
+    def release_memory(self) -> None:
+        """Colocated on GPU: free the servers' weights and KV cache while the trainer runs."""
+        self.fleet.release_memory()
 
-    def _check_router_after(self, what: str, error: BaseException | None = None) -> None:
-        """Raise EngineError naming the router if it is gone after `what` (from `error`, the failure it caused)."""
-        failure = self._router_failure()
-        if failure is not None:
-            raise EngineError(f"{what}: {failure}") from error
+    def resume_memory(self) -> None:
+        """Colocated on GPU: take the memory back before weights are updated and generation resumes."""
+        self.fleet.resume_memory()
 
     def _run_checked(self, coro: Awaitable[Any], what: str) -> Any:
         """Run `coro` on the loop; EngineError naming the router if it is gone after `what`, failed or not."""
         try:
             result = self._run(coro)
         except Exception as exc:
-            self._check_router_after(what, exc)
+            self.fleet.check_router_after(what, exc)
             raise
-        self._check_router_after(what)
+        self.fleet.check_router_after(what)
         return result
-
-    def recover_engines(self) -> list[str]:
-        """Before a weight update: pause the health checks, check every engine once more, restart every dead one on
-        its slots (out of the router until `rejoin_engines`); returns every engine's URL, the restarted ones' new."""
-        for monitor in (self.monitor, self.router_monitor):
-            if monitor is not None:
-                monitor.pause()
-        # One that died since the last check must not take the update down with it: check all, side by side
-        # (/health_generate takes a second or more each).
-        live = [e for e in self.engines if not e.dead]
-        with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
-            errors = list(pool.map(self._probe, live))
-        for engine, error in zip(live, errors, strict=True):
-            if error is not None:
-                self._engine_failed(engine, error)
-        with self._engines_lock:
-            dead = [e for e in self.engines if e.dead]
-        if dead:
-            slots = [[slot for part in e.slots for slot in part] for e in dead]
-            fresh = start_engines(self._launch, slots, self._use_gpu, self._env, [e.index for e in dead])
-            with self._engines_lock:
-                for new in fresh:
-                    new.joining = True
-                    self.engines[new.index] = new
-                    logger.info("restarted %s; it serves after this weight update", new.describe())
-            self.engines_restarted += len(fresh)
-            self._server_urls = [e.url for e in self.engines]
-        return self.server_urls()
-
-    def rejoin_engines(self) -> int:
-        """After a weight update: restarted engines (now at the trainer's weights) join the router; the health
-        checks resume. Returns how many joined."""
-        with self._router_lock:
-            joining = [e for e in self.engines if e.joining]
-            for engine in joining:
-                engine.joining = False
-            try:
-                for engine in joining:
-                    ray.get(self.router.add_worker.remote(engine.url))
-            except Exception as exc:
-                if self._router_answers():
-                    raise  # the engine's fault, not the router's
-                self._restart_router(exc)  # registers every live engine, these included
-        for monitor in (self.monitor, self.router_monitor):
-            if monitor is not None:
-                monitor.resume()
-        return len(joining)
-
-    def _start_local_router(self, log_dir: Path) -> None:
-        from rollout.router import SGLangRouter
-
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.router = SGLangRouter(self._server_urls, policy=self.args.router_policy, log_dir=log_dir)
-        self.router.start()
-        self._router_url = self.router.url
-
-    def engine_layout(self) -> list[dict[str, Any]]:
-        """Each engine's URL, and per node rank its Ray node id and SGLang pid (placement lines, tests)."""
-        return [{"url": e.url, "nodes": [p[0].node_id for p in e.slots], "pids": list(e.pids)} for e in self.engines]
-
-    def router_info(self) -> dict[str, Any]:
-        """The router's URL, its process's pid (None for one started elsewhere) and the workers it lists."""
-        if self._router_url is None:  # --debug-train-only: no servers, no router
-            return {"url": None, "pid": None, "workers": []}
-        if isinstance(self.router, SGLangRouter):
-            pid = self.router.process.pid if self.router.process else None
-        else:
-            pid = ray.get(self.router.pid.remote(), timeout=60) if self.router is not None else None
-        return {"url": self._router_url, "pid": pid, "workers": client.list_workers(self._router_url)}
-
-    def paths_unseen(self, path: str) -> list[str]:
-        """The engine nodes on which `path` does not exist (the disk transport needs a shared filesystem)."""
-        unseen = []
-        for engine in self.engines:
-            seen = ray.get([a.sees.remote(path) for a in engine.parts])
-            unseen += [f"{engine.url} ({p[0].describe()})" for p, ok in zip(engine.slots, seen, strict=True) if not ok]
-        return unseen
-
-    def server_urls(self) -> list[str]:
-        """Base URLs of the SGLang servers (for weight updates)."""
-        return list(self._server_urls)
-
-    def set_weight_version(self, version: int) -> None:
-        """Tag the servers' current weights (samples record it)."""
-        client.on_all(self.server_urls(), client.set_weight_version, version)
 
     @asynccontextmanager
     async def _context(self, evaluation: bool = False, rollout_id: int | None = None) -> AsyncIterator[RolloutContext]:
         """A RolloutContext with a fresh HTTP session for one rollout or eval, current while it runs."""
-        concurrency = self.args.sglang_server_concurrency * max(1, len(self._server_urls))
+        servers = len(self.fleet.server_urls())
+        concurrency = self.args.sglang_server_concurrency * max(1, servers)
         timeout = aiohttp.ClientTimeout(total=self.args.rollout_request_timeout)
-        connector = aiohttp.TCPConnector(limit=concurrency + 2 * len(self._server_urls))  # room for aborts
+        connector = aiohttp.TCPConnector(limit=concurrency + 2 * servers)  # room for aborts
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             ctx = RolloutContext(
                 self.args,
                 self.tokenizer,
-                self._router_url,
+                self.fleet.router_url,
                 session,
                 asyncio.Semaphore(concurrency),
                 server_urls=self.server_urls(),
@@ -412,15 +202,14 @@ class RolloutManager:
                 evaluation=evaluation,
                 rollout_id=rollout_id,
                 loop=asyncio.get_running_loop(),
-                request_failed=self._request_failed,
+                request_failed=self.fleet.request_failed,
             )
-            self._contexts[id(ctx)] = ctx
-            ctx.router_url = self._router_url  # registered first: a router that moves from now on updates it
+            self.fleet.follow(ctx)  # a restarted router that moves port updates ctx.router_url
             try:
                 with running(ctx):  # plugins written for slime find it (rollout.context.current_context)
                     yield ctx
             finally:
-                self._contexts.pop(id(ctx), None)
+                self.fleet.unfollow(ctx)
 
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, Any]]:
         """Generate, score and filter `--rollout-batch-size` groups (or load them, with --load-debug-rollout-data);
@@ -469,10 +258,9 @@ class RolloutManager:
         """A step's groups with the metrics every loop reports (buffer, engine and router failures, skipped data),
         dumped with --save-debug-rollout-data."""
         metrics["rollout/buffer_groups"] = len(self.buffer)
-        if self.monitor is not None:
-            metrics["rollout/engine_failures"] = self.engine_failures
-            metrics["rollout/engines_restarted"] = self.engines_restarted
-            metrics["rollout/router_restarts"] = self.router_restarts
+        for fleet in self.fleets.values():
+            group = "" if fleet is self.fleet else f"{fleet.spec.name}/"
+            metrics.update({f"rollout/{group}{k}": v for k, v in fleet.metrics().items()})
         metrics.update({f"data/skipped_{k}": v for k, v in self.data_skipped.items()})
         save_rollout_data(self.args, rollout_id, groups)
         return groups, metrics
@@ -491,14 +279,6 @@ class RolloutManager:
     def _run(self, coro: Awaitable[Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def release_memory(self) -> None:
-        """Colocated on GPU: free the servers' weights and KV cache while the trainer runs."""
-        client.on_all(self.server_urls(), client.release_memory)
-
-    def resume_memory(self) -> None:
-        """Colocated on GPU: take the memory back before weights are updated and generation resumes."""
-        client.on_all(self.server_urls(), client.resume_memory)
-
     def state_dict(self) -> dict[str, Any]:
         """The buffer's state, saved with the checkpoint (with --fully-async, the groups in flight too)."""
         if self._continuous is not None:
@@ -511,27 +291,15 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stop the router and every engine this manager started; release the reward backend."""
-        self._closing = True  # a router stopped from here on is not restarted
-        for monitor in (self.monitor, self.router_monitor):
-            if monitor is not None:
-                monitor.stop()
+        for fleet in self.fleets.values():
+            fleet.stop_monitors()  # a router stopped from here on is not restarted
         self._stop_continuous()
         try:
             self._run(self.hooks.close())
         except Exception as exc:  # shutting down: report, then still stop the processes
             logger.warning("closing the reward function: %r", exc)
-        with self._router_lock:  # after a restart still under way
-            if isinstance(self.router, SGLangRouter):
-                self.router.stop()
-            elif self.router is not None:
-                try:
-                    ray.get(self.router.stop.remote(), timeout=30)
-                except Exception as exc:  # its node may be gone, and the router with it
-                    logger.warning("stopping the router: %r", exc)
-                ray.kill(self.router)
-            self.router = None
-        stop_engines(self.engines)
-        self.engines = []
+        for fleet in self.fleets.values():
+            fleet.stop()
 
     # --fully-async: the continuous rollout (rollout/continuous.py) runs on this manager's event loop.
     _continuous: ContinuousRollout | None = None
@@ -562,7 +330,7 @@ class RolloutManager:
         try:
             groups, metrics = self._run(self._continuous.take(rollout_id))
         except Exception as exc:
-            self._check_router_after(f"rollout {rollout_id}", exc)
+            self.fleet.check_router_after(f"rollout {rollout_id}", exc)
             raise
         for key, n in self.hooks.reward.drain_counters().items():
             metrics[f"rollout/{key}"] = metrics.get(f"rollout/{key}", 0) + n

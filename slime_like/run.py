@@ -49,8 +49,7 @@ class Run:
         # Engines start while the trainer builds its model: both are slow, neither needs the other. The manager
         # and the router stay on the driver's node.
         manager = ray.remote(RolloutManager).options(**node_options(placement.driver_node, placement.env))
-        engine_slots = placement.engine_slots(args.rollout_num_gpus_per_engine)
-        self.rollout = manager.remote(args, engine_slots, placement.use_gpu, placement.env)
+        self.rollout = manager.remote(args, placement.rollout, placement.use_gpu, placement.env)
         self.trainer: TrainGroup | None = None
         try:
             self._start(args, start)
@@ -115,6 +114,7 @@ class Run:
             ],
             "engines": self.engines,
             "router": router,
+            "model_groups": ray.get(self.rollout.model_groups.remote()),  # --sglang-config's models (or the policy)
             "driver_node": self.placement.driver_node,
         }
         path = Path(self.args.output_dir) / "placement.json"

@@ -258,7 +258,7 @@ def test_defaults_equal_slime(base: list[str]) -> None:
         (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "/no/such/t"], "/no/such/t: no such directory"),
         (["--opd-teacher-load", "/t"], "--opd-teacher-load is set but --use-opd is not"),
         (["--prefill-num-servers", "1"], "transfer engine (mooncake or nixl"),
-        (["--sglang-config", "groups.yaml"], "--sglang-config (named model/server groups"),
+        (["--sglang-config", "groups.yaml"], "--sglang-config groups.yaml: no such file"),
         (["--custom-model-provider-path", "m.provider"], "--custom-model-provider-path is not supported"),
         (["--use-opd", "--opd-type", "sglang", "--opd-teacher-load", "/t"], "--opd-teacher-load is for --opd-type"),
         (["--megatron-config-path", "m.yaml"], "--megatron-config-path (slime's per-role Megatron YAML)"),

@@ -104,7 +104,12 @@ class GenerateState(metaclass=SingletonMeta):
 
 
 def get_model_url(args: Any, model_name: str | None = None, endpoint: str = "/generate") -> str:
-    """The router's URL for `endpoint` (one router serves every model here)."""
+    """The router of model `model_name` of --sglang-config (args.sglang_model_routers, as slime), else the policy's
+    router, for `endpoint`."""
+    routers = getattr(args, "sglang_model_routers", None) or {}
+    if model_name in routers:
+        host, port = routers[model_name]
+        return f"http://{host}:{port}{endpoint}"
     return f"{_context('get_model_url').router_url}{endpoint}"
 
 

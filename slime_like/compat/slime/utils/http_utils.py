@@ -23,7 +23,10 @@ logger = logging.getLogger(__name__)
 
 async def _request(method: str, url: str, payload: Any = None, headers: dict[str, str] | None = None) -> Any:
     ctx = current_context()
-    if ctx is not None and same_origin(url, [ctx.router_url, *ctx.server_urls]):
+    # The run's other models (--sglang-config) are ours too: their routers demand the secret.
+    routers = (getattr(ctx.args, "sglang_model_routers", None) or {}) if ctx is not None else {}
+    ours = [f"http://{host}:{port}" for host, port in routers.values()]
+    if ctx is not None and same_origin(url, [ctx.router_url, *ctx.server_urls, *ours]):
         # slime plugins post to the router by URL; the secret must never reach a third-party endpoint.
         headers = {**auth_headers(), **(headers or {})}
     if ctx is not None and ctx.loop is asyncio.get_running_loop():
