@@ -32,6 +32,8 @@ class TrainData:
     rollout_routed_experts: list[Any] = field(default_factory=list)
     # --use-opd: the teacher's log-prob of each response token (slime's teacher_log_probs). Empty when none has them.
     teacher_log_probs: list[list[float] | None] = field(default_factory=list)
+    # Multi-LoRA (--multi-lora-adapter): the adapter each sample was generated with and trains. Empty in other runs.
+    lora_adapters: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -59,6 +61,7 @@ class RolloutScalars:
     has_rollout_log_probs: list[bool]
     has_teacher_log_probs: list[bool]
     has_routed_experts: list[bool]
+    lora_adapters: list[str | None] = field(default_factory=list)  # multi-LoRA: each sample's adapter, else empty
 
     def __len__(self) -> int:
         return len(self.raw_rewards)
@@ -109,6 +112,7 @@ def rollout_scalars(data: TrainData) -> RolloutScalars:
         has_rollout_log_probs=[r is not None for r in data.rollout_log_probs] or [False] * n,
         has_teacher_log_probs=[t is not None for t in teacher],
         has_routed_experts=[r is not None for r in routed],
+        lora_adapters=list(data.lora_adapters),
     )
 
 
@@ -168,7 +172,8 @@ def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = Non
             data.reward_normalized.append(bool(sample.metadata.get("reward_normalized")))
             data.rollout_routed_experts.append(_routed_experts(sample))
             data.teacher_log_probs.append(_teacher_log_probs(sample))
-    for column in ("rollout_routed_experts", "teacher_log_probs"):
+            data.lora_adapters.append(sample.metadata.get("lora_adapter"))  # rollout/lora_data.py's ADAPTER_KEY
+    for column in ("rollout_routed_experts", "teacher_log_probs", "lora_adapters"):
         if not any(r is not None for r in getattr(data, column)):
             setattr(data, column, [])  # no R3 / no teacher: no column to carry
     return data

@@ -65,6 +65,11 @@ def with_adapter(args: Any, payload: dict[str, Any]) -> dict[str, Any]:
     the policy as that adapter on the base model; the payload unchanged otherwise or when it names one itself."""
     if not getattr(args, "lora_rank", 0) or payload.get("lora_path"):
         return payload
+    if getattr(args, "lora_adapter_names", None):  # multi-LoRA: no default adapter; call_model names the sample's
+        raise ValueError(
+            "a multi-LoRA run (--multi-lora-adapter) has no default adapter: this /generate must name its sample's "
+            f"adapter (payload['lora_path'] = sample.metadata[{client.LORA_ADAPTER_KEY!r}])"
+        )
     return {**payload, "lora_path": client.LORA_ADAPTER_NAME}
 
 
@@ -150,6 +155,8 @@ async def call_model(ctx: RolloutContext, sample: Sample, params: dict[str, Any]
     rid = f"sample-{sample.index}-{uuid.uuid4().hex[:8]}"
     sample.metadata["rid"] = rid
     payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}
+    if sample.metadata.get(client.LORA_ADAPTER_KEY):  # multi-LoRA: the adapter this sample's prompt belongs to
+        payload["lora_path"] = sample.metadata[client.LORA_ADAPTER_KEY]
     if streams_versions(ctx.args):  # weights may change under the request: learn each token's version
         payload["stream"] = True
     replay = getattr(ctx.args, "use_rollout_routing_replay", False) and not ctx.evaluation

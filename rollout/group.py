@@ -7,18 +7,8 @@ from typing import Any
 
 from rollout.context import RolloutContext
 from rollout.generate import FINISHED
-from rollout.hooks import GENERATE_FLAG
 from rollout.sample_hooks import apply_sample_hooks
 from slime_like.core.sample import Sample, Status
-
-
-async def _generate_sample(ctx: RolloutContext, sample: Sample, params: dict[str, Any]) -> list[Sample]:
-    out = await ctx.hooks.generate(ctx, sample, params)
-    if ctx.hooks.follows_slime(GENERATE_FLAG):
-        return out  # the sample, or the samples it was fanned out into (rollout/slime_contract.py)
-    if out is not sample:
-        raise TypeError("--custom-generate-function-path must return the Sample it was given, updated")
-    return [sample]
 
 
 async def _generate_group(ctx: RolloutContext, group: list[Sample], params: dict[str, Any]) -> None:
@@ -40,21 +30,20 @@ async def _hooked(ctx: RolloutContext, sample: Sample) -> Sample:
 async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, Any]) -> bool:
     """Generate and score a group in place; False if it was aborted before every sample finished (not scored).
 
-    A generate function that follows slime's contract may return several samples for one (they take its place
-    in the group) and may set rewards, which are kept (except that --group-rm scores the whole group).
+    A generate function may return several samples for one (they take its place in the group) and, where the
+    loader says so (slime's contract: rollout/hooks.py), set rewards that are kept (except that --group-rm scores
+    the whole group).
     """
     failed_before = {id(s) for s in group if s.status == Status.FAILED}
     finished_before = {id(s) for s in group if s.status in FINISHED}
-    slime = ctx.hooks.follows_slime(GENERATE_FLAG)
     if ctx.hooks.group_generate:
         # A group-level function sees the whole group, finished samples included, and continues what it must.
         await _generate_group(ctx, group, params)
     else:
         todo = [s for s in group if s.status not in FINISHED]
-        results = await asyncio.gather(*(_generate_sample(ctx, s, params) for s in todo))
-        if slime:
-            generated = {id(s): out for s, out in zip(todo, results, strict=True)}
-            group[:] = [x for s in group for x in generated.get(id(s), [s])]
+        results = await asyncio.gather(*(ctx.hooks.generate_sample(ctx, s, params) for s in todo))
+        generated = {id(s): out for s, out in zip(todo, results, strict=True)}
+        group[:] = [x for s in group for x in generated.get(id(s), [s])]
     for sample in group:
         if sample.status == Status.PENDING:
             sample.status = Status.COMPLETED  # a custom function that set no status finished normally
@@ -64,6 +53,6 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
         group[:] = [s if id(s) in finished_before else await _hooked(ctx, s) for s in group]
     if any(s.status == Status.ABORTED for s in group):
         return False
-    keep_set = slime and not ctx.args.group_rm
+    keep_set = ctx.hooks.keeps_generated_rewards and not ctx.args.group_rm
     await ctx.hooks.reward.score_group(ctx.args, group, ctx.count, keep_set=keep_set)
     return True

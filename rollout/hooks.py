@@ -1,7 +1,7 @@
 """Every rollout plugin named on the command line, loaded and checked once (before any server starts).
 
-Each hook follows our contract or slime's (rule: slime_like.core.plugin_loader); slime's are wrapped into
-ours here (rollout/slime_contract.py) or, where the call differs in shape, where they are called.
+Each hook follows our contract or slime's (rule: slime_like.core.plugin_loader); both are wrapped here, once,
+into the one contract the rollout calls (RolloutHooks' derived fields), slime's by rollout/slime_contract.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout import slime_contract
+from rollout import postprocess, slime_contract
+from rollout.context import RolloutContext
 from rollout.filters import fifo_buffer_filter
 from rollout.generate import generate
 from rollout.log_hooks import EVAL_LOG_FLAG, ROLLOUT_LOG_FLAG
@@ -27,7 +28,7 @@ SAMPLE_FILTER_FLAG = "--rollout-sample-filter-path"
 ALL_SAMPLES_FLAG = "--rollout-all-samples-process-path"
 REWARD_POST_PROCESS_FLAG = "--custom-reward-post-process-path"
 
-# flag -> (args attribute, our signature, slime's signature, slime adapter or None when the caller adapts).
+# flag -> (args attribute, our signature, slime's signature, slime adapter or None when RolloutHooks adapts).
 HOOKS: dict[str, tuple[str, Signature, Signature, Callable[[Any], Any] | None]] = {
     GENERATE_FLAG: ("custom_generate_function_path", (3, True), (3, True), slime_contract.generate_hook),
     "--buffer-filter-path": ("buffer_filter_path", (3, False), (4, False), slime_contract.buffer_filter_hook),
@@ -49,6 +50,26 @@ HOOKS: dict[str, tuple[str, Signature, Signature, Callable[[Any], Any] | None]] 
     # A class qualifies: its signature is that of __init__ without self (slime's takes args only).
     "--data-source-path": ("data_source_path", (2, None), (1, None), slime_contract.data_source_hook),
 }
+# The post-rollout hooks as the rollout calls them, `(ctx, groups, fn) -> None`, by contract: (ours, slime's).
+APPLY: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {
+    SAMPLE_FILTER_FLAG: (postprocess.apply_sample_filter, slime_contract.apply_sample_filter),
+    ALL_SAMPLES_FLAG: (slime_contract.apply_all_samples_process, slime_contract.apply_all_samples_process),
+    REWARD_POST_PROCESS_FLAG: (postprocess.apply_reward_post_process, slime_contract.apply_reward_post_process),
+}
+GroupsHook = Callable[[RolloutContext, list[list[Sample]]], None]
+
+
+def returns_sample(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[list[Sample]]]:
+    """Our generate contract, `async (ctx, sample, params) -> that Sample, updated`, as the rollout calls it:
+    `-> [sample]` (slime's may fan one sample out into several: rollout/slime_contract.generate_hook)."""
+
+    async def generate_sample(ctx: RolloutContext, sample: Sample, params: dict[str, Any]) -> list[Sample]:
+        if await fn(ctx, sample, params) is not sample:
+            raise TypeError(f"{GENERATE_FLAG} must return the Sample it was given, updated")
+        return [sample]
+
+    generate_sample.__name__ = getattr(fn, "__name__", "generate")
+    return generate_sample
 
 
 @dataclass
@@ -71,6 +92,29 @@ class RolloutHooks:
     rollout_log: Callable[..., bool] | None = None  # --custom-rollout-log-function-path
     eval_log: Callable[..., bool] | None = None  # --custom-eval-rollout-log-function-path
     contracts: dict[str, str] = field(default_factory=dict)  # flag -> "native" | "slime", for the flags set
+    # The one contract the rollout calls, made from the hooks above by their contracts (__post_init__):
+    generate_sample: Callable[..., Awaitable[list[Sample]]] = field(init=False)  # (ctx, sample, params)
+    keeps_generated_rewards: bool = field(init=False)  # rewards the generate function set are kept (slime's)
+    filter_samples: GroupsHook | None = field(init=False)
+    process_all_samples: GroupsHook | None = field(init=False)
+    post_process_rewards: GroupsHook | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        slime_generate = self.follows_slime(GENERATE_FLAG)  # adapted by the loader: it returns a list already
+        self.generate_sample = (
+            self.generate if slime_generate or self.generate is None else returns_sample(self.generate)
+        )
+        self.keeps_generated_rewards = slime_generate
+        self.filter_samples = self._groups_hook(SAMPLE_FILTER_FLAG, self.sample_filter)
+        self.process_all_samples = self._groups_hook(ALL_SAMPLES_FLAG, self.all_samples_process)
+        self.post_process_rewards = self._groups_hook(REWARD_POST_PROCESS_FLAG, self.reward_post_process)
+
+    def _groups_hook(self, flag: str, fn: Callable[..., Any] | None) -> GroupsHook | None:
+        """`fn`, loaded for `flag`, as `(ctx, groups) -> None` (APPLY of its contract)."""
+        if fn is None:
+            return None
+        apply = APPLY[flag][self.follows_slime(flag)]
+        return lambda ctx, groups: apply(ctx, groups, fn)
 
     def follows_slime(self, flag: str) -> bool:
         """Whether the hook of `flag` follows slime's contract."""

@@ -7,10 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from buffer.accounting import AccountingError, failure_reason
-from rollout import slime_contract
 from rollout.context import RolloutContext
-from rollout.hooks import REWARD_POST_PROCESS_FLAG, SAMPLE_FILTER_FLAG
-from rollout.slime_contract import SlimeDataSource, slime_args
 from slime_like.core.sample import Sample
 
 
@@ -78,21 +75,15 @@ def account_custom_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> N
 
 
 def finish_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
-    """Apply the configured post-rollout hooks to the groups that will train (slime's once, on all groups)."""
+    """Apply the configured post-rollout hooks to the groups that will train (each in the contract the loader
+    made of it: rollout/hooks.py)."""
     hooks = ctx.hooks
     if ctx.accounting is None:  # a custom rollout function: the built-in loop has accounted for its groups
         account_custom_rollout(ctx, groups)
-    if hooks.sample_filter is not None:
-        if hooks.follows_slime(SAMPLE_FILTER_FLAG):
-            slime_contract.apply_sample_filter(ctx, groups, hooks.sample_filter)
-        else:
-            apply_sample_filter(ctx, groups, hooks.sample_filter)
+    if hooks.filter_samples is not None:
+        hooks.filter_samples(ctx, groups)
     exclude_removed_samples(ctx, groups)
-    if hooks.all_samples_process is not None and ctx.accounting is not None:
-        every = sorted(ctx.generated, key=lambda g: (g[0].group_index is None, g[0].group_index or 0))
-        hooks.all_samples_process(slime_args(ctx.args), every, SlimeDataSource(ctx.buffer))
-    if hooks.reward_post_process is not None:
-        if hooks.follows_slime(REWARD_POST_PROCESS_FLAG):
-            slime_contract.apply_reward_post_process(ctx, groups, hooks.reward_post_process)
-        else:
-            apply_reward_post_process(ctx, groups, hooks.reward_post_process)
+    if hooks.process_all_samples is not None and ctx.accounting is not None:  # the built-in loop's only
+        hooks.process_all_samples(ctx, groups)
+    if hooks.post_process_rewards is not None:
+        hooks.post_process_rewards(ctx, groups)

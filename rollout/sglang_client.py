@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 PAUSE_MODES = ("abort", "retract", "in_place")
 # The name under which a LoRA run's servers hold the policy's adapter; every /generate of the run names it.
 LORA_ADAPTER_NAME = "policy"
+# Multi-LoRA (--multi-lora-adapter): the sample metadata key naming the adapter a sample is generated and trained with.
+LORA_ADAPTER_KEY = "lora_adapter"
 
 
 # --- blocking calls -------------------------------------------------------------------------------

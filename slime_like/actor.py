@@ -1,15 +1,10 @@
-"""One trainer rank: the Megatron policy (and, for PPO, critic) engines and the RL step of slime_like/algorithms.
+"""One trainer rank (a Ray actor): the Megatron policy (and, for PPO, critic) engines and the weight transports.
 
-A rollout's step: recompute the old policy's log-probs (and the reference's, and the critic's values)
-on this rank's share of the rollout, compute advantages (advantages.py), off-policy weights (off_policy.py) and
-mismatch metrics, then take one optimizer step per --global-batch-size chunk with the loss function
-of --loss-type (loss.py), its token weights set by --loss-agg-mode on the chunk (aggregation.py).
-
-A rank holds only its data-parallel share (buffer.train_data.RankShare: the rollout manager split the rollout,
-each step token-balanced over the ranks) and the rollout-wide scalars. Group baselines come from those scalars;
-whatever sums over the whole rollout or step (whitening, the aggregation's counts, metrics) gathers one number
-per sample over the DP ranks into rollout order, so every rank adds the same numbers in the same order as a
-single process would. Log-probs never leave their rank.
+A rollout's step: recompute the old policy's log-probs (and the reference's, the critic's values, the teacher's)
+on this rank's share of the rollout (buffer.train_data.RankShare: the rollout manager split the rollout, each
+step token-balanced over the ranks), turn them into rows with advantages and weights (the RL step's arithmetic:
+slime_like/algorithms/rl_step.py), then take one optimizer step per --global-batch-size chunk with the loss
+function of --loss-type (slime_like/algorithms/step_hooks.py).
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ import gc
 import logging
 import os
 import time
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,19 +20,11 @@ from typing import Any
 import torch
 
 from buffer.train_data import RankShare, TrainData, split_by_dp
-from slime_like.algorithms.advantages import AdvantageInputs, Advantages, RolloutScope, compute_advantages
-from slime_like.algorithms.aggregation import token_weights
-from slime_like.algorithms.dapo import overlong_penalty
-from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
-from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
-from slime_like.algorithms.slime_contract import slime_advantages, slime_loss_fn
+from slime_like.algorithms.loss import value_loss_fn
+from slime_like.algorithms.rl_step import Forwards, RLStep, every_sample
+from slime_like.algorithms.step_hooks import ADVANTAGE_FLAG, LOSS_FLAG, load_step_hooks
 from slime_like.core.logs import setup_logging
-from slime_like.core.plugin_loader import load_hook
 from slime_like.trainer_hooks import load_trainer_hooks
-
-# (positional parameters, async?) of the loss and advantage hooks under (our contract, slime's): docs/plugins.md
-LOSS_SIG = ((4, False), (4, False))
-ADV_SIG = ((2, False), (2, False))
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +92,9 @@ class TrainActor:
             )
             if getattr(args, "lora_adapter_path", None):
                 self.engine.load_adapter(args.lora_adapter_path)
+            from slime_like.megatron.lora_slots import adapter_slots
+
+            self.lora_slots = adapter_slots(self.engine, args)  # --multi-lora-adapter: one adapter per name
             # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
             # value head (mbridge's value model), its own optimizer and learning rate.
             self.critic = None
@@ -124,23 +113,14 @@ class TrainActor:
                 for engine in (self.engine, self.critic):
                     if engine is not None:
                         materialize_optimizer_state(engine.optimizer)
-        api, self.slime_loss = getattr(args, "plugin_api", "auto"), False
-        if args.loss_type == "sft_loss":
-            self.loss_fn = sft_loss_fn()
-        elif args.loss_type == "custom_loss":
-            # Ours or slime's contract (slime_like/core/plugin_loader.py); slime's is adapted here, at the call.
-            hook, contract = load_hook(args.custom_loss_function_path, "--custom-loss-function-path", api, *LOSS_SIG)
-            self.slime_loss = contract == "slime"
-            self.loss_fn = slime_loss_fn(args, hook) if self.slime_loss else custom_loss_fn(args, hook)
-        else:
-            self.loss_fn = policy_loss_fn(args)
+        # The loss and advantage hooks, slime's adapted to our contract once (step_hooks.py).
+        self.step_hooks = load_step_hooks(args)
+        self.loss_fn = self.step_hooks.loss_fn
+        self.slime_loss = self.step_hooks.follows_slime(LOSS_FLAG)
+        self.slime_advantage = self.step_hooks.follows_slime(ADVANTAGE_FLAG)
+        self.step = RLStep(args, self.step_hooks, DataParallel(self.engine.device))
         # Entropy is only a metric unless the loss uses it: then it needs no [tokens, vocab] backward.
         self.entropy_grad = args.loss_type == "custom_loss" or bool(args.entropy_coef)
-        path = args.custom_advantage_function_path
-        self.custom_advantage, self.slime_advantage = None, False
-        if path:
-            self.custom_advantage, contract = load_hook(path, "--custom-advantage-function-path", api, *ADV_SIG)
-            self.slime_advantage = contract == "slime"
         self.transport = None
         self.transport_urls: list[str] = []  # the servers the transport was made for
 
@@ -212,7 +192,6 @@ class TrainActor:
     def train(self, rollout_id: int, data: RankShare | TrainData) -> dict[str, float]:
         """Prepare this rank's share of the rollout (log-probs, values, advantages), then take this rollout's
         optimizer steps. A whole rollout (TrainData) is split here as the rollout side would split it."""
-        start = time.monotonic()
         share = data if isinstance(data, RankShare) else self._own_share(data)
         dp_rank, dp_size, _ = self.data_parallel()
         if (share.dp_rank, share.dp_size) != (dp_rank, dp_size):
@@ -223,19 +202,29 @@ class TrainActor:
         if len(share.rollout) == 0:  # every sample failed or was filtered out: nothing to learn from
             logger.warning("rollout %d: no usable samples, no optimizer step", rollout_id)
             return {}
+        if self.lora_slots is not None:  # multi-LoRA: each adapter steps on its own samples alone (lora_slots.py)
+            return self.lora_slots.train_each(share, partial(self._train_share, rollout_id))
+        return self._train_share(rollout_id, share)
+
+    def _train_share(self, rollout_id: int, share: RankShare) -> dict[str, float]:
+        """Prepare the share's rows (log-probs, values, advantages), then take its optimizer steps."""
+        start = time.monotonic()
         sft = self.args.loss_type == "sft_loss"
-        rows, metrics, routing = (*self._sft_rows(share), None) if sft else self._rl_rows(share)
+        if sft:
+            rows, metrics, routing = self.step.sft_rows(share), {}, None
+        else:
+            forwards, routing = self._forwards(share)
+            rows, metrics = self.step.rl_rows(share, forwards)
         self.hooks.postprocess(self.args, rollout_id, share.data.tokens, rows)
         # Loss tokens of every sample of the rollout: each step's aggregation counts its sequences and tokens.
-        counts = self._gather_rows(share, [float(r["loss_mask"].sum()) for r in rows])
+        counts = self.step.loss_tokens(share, rows)
         prepare_time = time.monotonic() - start
         # Critic warm-up: the first --num-critic-only-steps rollouts leave the policy as it is.
         train_policy = rollout_id >= self.args.num_critic_only_steps
         step_metrics: list[dict[str, float]] = []
-        for step_id, ((begin, end), idx) in enumerate(zip(share.step_bounds, share.steps, strict=True)):
-            step_counts = counts[begin:end]
-            totals = (sum(c > 0 for c in step_counts), sum(step_counts))
-            tokens, step_rows = [share.data.tokens[i] for i in idx], self._weighted([rows[i] for i in idx], totals)
+        for step_id, (bounds, idx) in enumerate(zip(share.step_bounds, share.steps, strict=True)):
+            tokens = [share.data.tokens[i] for i in idx]
+            step_rows = self.step.step_rows([rows[i] for i in idx], counts, bounds)
             step: dict[str, float] = {}
             if self.critic is not None:
                 out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args), local=True)
@@ -257,9 +246,7 @@ class TrainActor:
                 )
                 step.update({f"train/{k}": v for k, v in out.items()})
             step_metrics.append(step)
-        for key in step_metrics[0] if step_metrics else ():
-            total = sum(m[key] for m in step_metrics)
-            metrics[key] = total if key.endswith("skipped_steps") else total / len(step_metrics)  # a count
+        metrics.update(self.step.step_means(step_metrics))
         metrics["time/logprob"] = prepare_time
         metrics["time/train"] = time.monotonic() - start - prepare_time
         return metrics
@@ -269,42 +256,11 @@ class TrainActor:
         dp_rank, dp_size, multiple = self.data_parallel()
         return split_by_dp(data, dp_size, self.args.global_batch_size, multiple)[dp_rank]
 
-    def _gather_rows(self, share: RankShare, values: list[float]) -> list[float]:
-        """One number per sample of this rank's share -> one per sample of the rollout, in rollout order.
-
-        One all-reduce over the DP group of a vector that each rank fills at its own rows only: every entry is
-        one rank's number plus zeros, so the result is exact, and sums over it add in a single process's order."""
-        full = torch.zeros(len(share.rollout), dtype=torch.float64, device=self.engine.device)
-        if share.rows:
-            full[share.rows] = torch.tensor(values, dtype=torch.float64, device=self.engine.device)
-        if share.dp_size > 1:
-            from megatron.core import parallel_state as mpu
-
-            torch.distributed.all_reduce(full, group=mpu.get_data_parallel_group())
-        return full.tolist()
-
-    def _weighted(self, rows: list[dict[str, Any]], totals: tuple[int, float]) -> list[dict[str, Any]]:
-        """Rows of this rank's part of one step with their aggregation weights (--loss-agg-mode) and token-mean
-        metric weights; `totals` are the whole step's sequences with a loss token and loss tokens."""
-        masks = [r["loss_mask"] for r in rows]
-        weights = token_weights(masks, self.args.loss_agg_mode, self.args.rollout_max_response_len, totals)
-        metric = token_weights(masks, "token-mean", totals=totals)
-        return [{**r, "token_weight": w, "metric_weight": m} for r, w, m in zip(rows, weights, metric, strict=True)]
-
-    def _sft_rows(self, share: RankShare) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        data = share.data
-        rows = [
-            {"response_length": n, "loss_mask": torch.tensor(m, dtype=torch.float32)}
-            for n, m in zip(data.response_lengths, data.loss_masks, strict=True)
-        ]
-        return rows, {}
-
-    def _rl_rows(self, share: RankShare) -> tuple[list[dict[str, Any]], dict[str, float], list[Any] | None]:
-        """Old/ref log-probs, values, advantages and off-policy weights of this rank's samples, and the routing
-        the training forwards replay (None: no routing replay)."""
-        args, data, whole = self.args, share.data, share.rollout
+    def _forwards(self, share: RankShare) -> tuple[Forwards, list[Any] | None]:
+        """The engines' forwards of this rank's share (old and reference log-probs, the critic's values, the
+        teacher's log-probs), and the routing the training forwards replay (None: no routing replay)."""
+        args, data = self.args, share.data
         lengths = data.response_lengths
-        masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
         # Routing replay, as slime: R3 replays the rollout's experts in the old-policy and training forwards;
         # --use-routing-replay records the old-policy forward's and replays them in training. Ref and critic route.
         routing = self._rollout_routing(share) if getattr(args, "use_rollout_routing_replay", False) else None
@@ -321,104 +277,8 @@ class TrainActor:
         values = None
         if self.critic is not None:
             values = _response(self.critic.forward_values(data.tokens, local=True), lengths)
-        rollout_lp = [None if r is None else torch.tensor(r, dtype=torch.float32) for r in data.rollout_log_probs]
-        rewards, every_reward = list(data.raw_rewards), list(whole.raw_rewards)
-        metrics: dict[str, float] = {}
-        if args.overlong_buffer_len:
-
-            def penalty(n: int) -> float:
-                return overlong_penalty(
-                    n, args.rollout_max_response_len, args.overlong_buffer_len, args.overlong_penalty_factor
-                )
-
-            every = [penalty(n) for n in whole.response_lengths]
-            every_reward = [r + p for r, p in zip(every_reward, every, strict=True)]
-            rewards = [every_reward[i] for i in share.rows]
-            metrics["train/overlong_penalty_mean"] = sum(every) / max(1, len(every))
-        normalized = bool(whole.reward_normalized) and all(whole.reward_normalized)  # by a slime post-process
-        inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized)
-        if args.use_opd:
-            inputs.teacher_log_probs = self._teacher_log_probs(share)
-        if self.custom_advantage is not None:
-            result = self._custom_advantages(share, inputs)
-        else:
-            scope = RolloutScope(share.rows, every_reward, whole.group_ids, partial(self._gather_rows, share))
-            result = compute_advantages(args, inputs, None, scope)
-        if values is not None and result.returns is None:
-            raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
-        is_weights = self._is_weights(share, old_lp, rollout_lp, masks)
-        old = (
-            self._require_rollout(share, rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
-        )
-        if args.custom_tis_function_path:
-            self._require_rollout(share, rollout_lp, "--custom-tis-function-path")
-        rows = []
-        for i, mask in enumerate(masks):
-            row = {
-                "response_length": lengths[i],
-                "loss_mask": mask,
-                "old_log_probs": old[i],
-                "advantages": result.advantages[i],
-            }
-            if ref_lp is not None:
-                row["ref_log_probs"] = ref_lp[i]
-            if is_weights is not None:
-                row["is_weight"] = is_weights[i]
-            if values is not None:
-                row["old_values"], row["returns"] = values[i], result.returns[i]
-            if self.slime_loss:  # slime's loss batch carries the tokens and SGLang's log-probs too
-                row["tokens"] = torch.tensor(data.tokens[i])
-                if rollout_lp[i] is not None:
-                    row["rollout_log_probs"] = rollout_lp[i]
-            if args.custom_tis_function_path or args.custom_pg_loss_reducer_function_path:  # slime's hooks read them
-                row["total_length"] = len(data.tokens[i])
-                if args.custom_tis_function_path:
-                    row["rollout_log_probs"] = rollout_lp[i]  # checked above
-            rows.append(row)
-        metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights))
-        if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
-            tokens = max(1.0, sum(self._gather_rows(share, [float(m.sum()) for m in masks])))
-            kl = sum(self._gather_rows(share, [float(k.sum()) for k in result.opd_reverse_kl]))
-            metrics["train/opd_reverse_kl"] = kl / tokens
-        return rows, metrics, routing
-
-    def _custom_advantages(self, share: RankShare, inputs: AdvantageInputs) -> Advantages:
-        """A custom advantage function sees the whole rollout, as it did when every rank held it: with DP > 1 the
-        ranks' inputs are gathered (log-probs included: the price of a hook written for the whole rollout), the
-        hook runs on every rank alike, and each rank keeps its own samples' results."""
-        tokens = share.data.tokens
-        if share.dp_size > 1:
-            inputs, tokens = self._whole_inputs(share, inputs)
-        custom = self.custom_advantage
-        if self.slime_advantage:
-            custom = partial(slime_advantages, fn=self.custom_advantage, tokens=tokens)
-        result = compute_advantages(self.args, inputs, custom)
-        if share.dp_size == 1:
-            return result
-
-        def mine(column: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
-            return None if column is None else [column[r] for r in share.rows]
-
-        return Advantages(mine(result.advantages), mine(result.returns), mine(result.opd_reverse_kl))
-
-    def _whole_inputs(self, share: RankShare, inputs: AdvantageInputs) -> tuple[AdvantageInputs, list[list[int]]]:
-        """Every rank's advantage inputs and tokens, in rollout order (all_gather_object over the DP group)."""
-        from megatron.core import parallel_state as mpu
-
-        parts: list[Any] = [None] * share.dp_size
-        torch.distributed.all_gather_object(
-            parts, (share.rows, inputs, share.data.tokens), group=mpu.get_data_parallel_group()
-        )
-        where = {row: (part, i) for part, (rows, _, _) in enumerate(parts) for i, row in enumerate(rows)}
-        order = [where[row] for row in range(len(share.rollout))]
-
-        def column(name: str) -> Any:
-            if getattr(inputs, name) is None or not isinstance(getattr(inputs, name), list):
-                return getattr(inputs, name)
-            return [getattr(parts[p][1], name)[i] for p, i in order]
-
-        whole = AdvantageInputs(**{f.name: column(f.name) for f in fields(AdvantageInputs)})
-        return whole, [parts[p][2][i] for p, i in order]
+        teacher = self._teacher_log_probs(share) if args.use_opd else None
+        return Forwards(old_lp, ref_lp, values, teacher), routing
 
     def _teacher_log_probs(self, share: RankShare) -> list[torch.Tensor]:
         """--use-opd: this rank's samples' teacher log-probs (--opd-type megatron: the teacher's forward here; sglang:
@@ -431,7 +291,7 @@ class TrainActor:
             "with --opd-type sglang, use --custom-rm-path slime.rollout.on_policy_distillation.reward_func with the "
             "teacher's /generate URL as --rm-url"
         )
-        teacher = _every_sample(share, "teacher_log_probs", "--use-opd", hint)
+        teacher = every_sample(share, "teacher_log_probs", "--use-opd", hint)
         return [torch.tensor(t, dtype=torch.float32) for t in teacher]
 
     def _rollout_routing(self, share: RankShare) -> list[Any]:
@@ -440,75 +300,7 @@ class TrainActor:
             "a generate function must send return_routed_experts=True and keep the answer's "
             "meta_info['routed_experts'] (Sample.append_response_tokens does)"
         )
-        return _every_sample(share, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
-
-    def _require_rollout(
-        self, share: RankShare, rollout_lp: list[torch.Tensor | None], flag: str
-    ) -> list[torch.Tensor]:
-        """SGLang's log-probs of this rank's samples, or the same error on every rank if any sample lacks them."""
-        missing = share.rollout.has_rollout_log_probs.count(False)
-        if missing:
-            raise ValueError(f"{flag} needs SGLang's log-probs, but {missing} samples have none")
-        return rollout_lp  # type: ignore[return-value]
-
-    def _is_weights(
-        self,
-        share: RankShare,
-        old_lp: list[torch.Tensor],
-        rollout_lp: list[torch.Tensor | None],
-        masks: list[torch.Tensor],
-    ) -> list[torch.Tensor] | None:
-        """Per-token off-policy weights pi_old / pi_rollout of the chosen correction (None: no correction)."""
-        args = self.args
-        if args.use_tis and not args.custom_tis_function_path:  # slime's TIS hook weighs inside the loss
-            flag, weigh = "--use-tis", lambda d, m: tis_weights(d, args.tis_clip_low, args.tis_clip)
-        elif args.use_mis:
-            flag, weigh = "--use-mis", lambda d, m: mis_weights(d, m, args.mis_level, args.mis_low, args.mis_high)
-        elif args.use_decoupled_loss:
-            flag, weigh = "--use-decoupled-loss", lambda d, m: decoupled_weights(d, args.behav_imp_weight_cap)
-        else:
-            return None
-        behaviour = self._require_rollout(share, rollout_lp, flag)
-        return [weigh(o - b, m) for o, b, m in zip(old_lp, behaviour, masks, strict=True)]
-
-    def _rollout_metrics(
-        self,
-        share: RankShare,
-        advantages: list[torch.Tensor],
-        masks: list[torch.Tensor],
-        old_lp: list[torch.Tensor],
-        rollout_lp: list[torch.Tensor | None],
-        is_weights: list[torch.Tensor] | None,
-    ) -> dict[str, float]:
-        """Advantage statistics, train/rollout mismatch (where SGLang gave log-probs) and IS weight use, over the
-        whole rollout (sums of every rank's samples, added in rollout order)."""
-
-        def total(values: list[float]) -> float:
-            return sum(self._gather_rows(share, values))
-
-        counts = [float(m.sum()) for m in masks]
-        tokens = max(1.0, total(counts))
-        mean = total([float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
-        var = total([float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
-        metrics = {"train/advantage_mean": mean, "train/advantage_std": var**0.5}
-        if any(share.rollout.has_rollout_log_probs):
-            low, high = self.args.mis_low, self.args.mis_high
-            parts = [
-                {} if r is None else mismatch_sums(o, r, m, low, high)
-                for o, r, m in zip(old_lp, rollout_lp, masks, strict=True)
-            ]
-            # A sample without SGLang's log-probs adds 0.0: the sums are those over the samples that have them.
-            n = max(1.0, total([c if r is not None else 0.0 for c, r in zip(counts, rollout_lp, strict=True)]))
-            for key, name in (("abs_diff", "logprob_abs_diff"), ("kl", "kl"), ("out_of_band", "out_of_band_frac")):
-                metrics[f"train/train_rollout_{name}"] = total([p.get(key, 0.0) for p in parts]) / n
-        if is_weights is not None:
-            metrics["train/is_weight_mean"] = (
-                total([float((w * m).sum()) for w, m in zip(is_weights, masks, strict=True)]) / tokens
-            )
-            metrics["train/is_dropped_frac"] = (
-                total([float(((w == 0).float() * m).sum()) for w, m in zip(is_weights, masks, strict=True)]) / tokens
-            )
-        return metrics
+        return every_sample(share, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
 
     def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
         """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the
@@ -524,7 +316,11 @@ class TrainActor:
         mode = self.args.pause_generation_mode if self.args.fully_async else "abort"
         # A LoRA run sends its adapter only: the servers keep the base they started with (weights/lora.py).
         export = self.engine.export_adapter if self.engine.lora is not None else self.engine.export_hf_weights
+        if self.lora_slots is not None:  # multi-LoRA: the adapters that changed since the servers got them
+            export = partial(self.lora_slots.export, sorted(self.lora_slots.changed))
         used = self.transport.update(export, version, mode)
+        if self.lora_slots is not None:
+            self.lora_slots.changed.clear()
         if self.args.check_weight_update:
             worst = self.check_weights(server_urls, f"after the update to version {version}")
             logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
@@ -536,7 +332,13 @@ class TrainActor:
         from slime_like.weights.check import check_servers
 
         tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
-        return check_servers(self.engine, server_urls, tolerance, self.rank, when)
+        if self.lora_slots is None:
+            return check_servers(self.engine, server_urls, tolerance, self.rank, when)
+        worst = 0.0
+        for name in self.lora_slots.names:  # multi-LoRA: each adapter against the servers' adapter of that name
+            self.lora_slots.activate(name)
+            worst = max(worst, check_servers(self.engine, server_urls, tolerance, self.rank, f"{when} ({name})", name))
+        return worst
 
     def _make_transport(self, server_urls: list[str], kind: str, output_dir: str):
         """A WeightUpdater with `kind` as the transport and the --update-weight-fallback one behind it."""
@@ -548,12 +350,14 @@ class TrainActor:
         args = self.args
         size, timeout, tp = args.update_weight_buffer_size, args.update_weight_timeout, args.rollout_num_gpus_per_engine
         if self.engine.lora is not None:  # no full-weight fallback: it would replace the base the adapter is for
-            from slime_like.weights.lora import LoraTransport
+            from slime_like.weights.lora import LoraTransport, MultiLoraTransport
 
             directory = os.path.join(output_dir, "lora")
             settings = self.engine.lora
+            # multi-LoRA: each adapter under its name, from lora/<name>/v<N>/
+            kind_class = LoraTransport if self.lora_slots is None else MultiLoraTransport
             factory = {
-                "lora": lambda: LoraTransport(server_urls, settings, args.hf_checkpoint, directory, timeout_s=timeout)
+                "lora": lambda: kind_class(server_urls, settings, args.hf_checkpoint, directory, timeout_s=timeout)
             }
             return WeightUpdater(factory, "lora", None, args.update_weight_retries, self.rank)
         factories = {
@@ -609,6 +413,8 @@ class TrainActor:
         from slime_like.megatron.checkpoint_layout import CRITIC_DIR
 
         self.engine.save_checkpoint(directory, iteration)
+        if self.lora_slots is not None:  # multi-LoRA: every adapter in PEFT format, under lora/<name>/
+            self.lora_slots.save(Path(directory) / "lora")
         if self.critic is not None:
             self.critic.save_checkpoint(Path(directory) / CRITIC_DIR, iteration)
 
@@ -626,14 +432,30 @@ class TrainActor:
             logger.info("%s holds no critic (%s/): the critic starts from --hf-checkpoint", directory, CRITIC_DIR)
 
 
-def _every_sample(share: RankShare, column: str, flag: str, hint: str) -> list[Any]:
-    """This rank's values of a per-sample column `flag` needs, or an error (the same on every rank: the check
-    reads the rollout-wide flags) naming the samples that lack it and how to fill it."""
-    whole = share.rollout
-    has = whole.has_teacher_log_probs if column == "teacher_log_probs" else whole.has_routed_experts
-    missing = [whole.sample_indices[i] for i, ok in enumerate(has) if not ok]
-    if missing:
-        raise ValueError(
-            f"{flag}: {len(missing)} of {len(whole)} samples have no {column} (sample indices {missing[:8]}): {hint}"
-        )
-    return getattr(share.data, column)
+class DataParallel:
+    """The RL step's collectives (rl_step.Collectives) over this rank's data-parallel group."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def rows(self, share: RankShare, values: list[float]) -> list[float]:
+        """One number per sample of this rank's share -> one per sample of the rollout, in rollout order.
+
+        One all-reduce over the DP group of a vector that each rank fills at its own rows only: every entry is
+        one rank's number plus zeros, so the result is exact, and sums over it add in a single process's order."""
+        full = torch.zeros(len(share.rollout), dtype=torch.float64, device=self.device)
+        if share.rows:
+            full[share.rows] = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if share.dp_size > 1:
+            from megatron.core import parallel_state as mpu
+
+            torch.distributed.all_reduce(full, group=mpu.get_data_parallel_group())
+        return full.tolist()
+
+    def objects(self, obj: Any) -> list[Any]:
+        """`obj` of every DP rank, in rank order (all_gather_object)."""
+        from megatron.core import parallel_state as mpu
+
+        parts: list[Any] = [None] * mpu.get_data_parallel_world_size()
+        torch.distributed.all_gather_object(parts, obj, group=mpu.get_data_parallel_group())
+        return parts

@@ -21,6 +21,7 @@ from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
 from slime_like.megatron.flags import add_training_arguments, mtp_config_problems, validate_training_args
 from slime_like.megatron.lora_flags import add_lora_arguments, validate_lora_args
+from slime_like.megatron.multi_lora_flags import validate_multi_lora_args
 from slime_like.model_arguments import add_model_arguments, check_against_hf_config, text_config
 from slime_like.planner import (
     MEMORY_WARNING,
@@ -239,6 +240,7 @@ def validate(args: argparse.Namespace) -> None:
         )
     validate_megatron_args(args)
     validate_algorithm_args(args)
+    validate_multi_lora_args(args)  # before the rollout flags: its data source stands in for --prompt-data
     validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts
     validate_lora_args(args)  # after --fully-async is settled; adds SGLang's LoRA server flags
     validate_debug_args(args)

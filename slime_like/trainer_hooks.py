@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from slime_like.algorithms.rows import TrainRow, apply_slime_lists, slime_lists
 from slime_like.core.plugin_loader import load_plugin
 
 FLAGS = {  # flag -> (args attribute, positional parameters the hook must take)
@@ -27,16 +28,6 @@ FLAGS = {  # flag -> (args attribute, positional parameters the hook must take)
     "--custom-megatron-before-log-prob-hook-path": ("custom_megatron_before_log_prob_hook_path", 3),
     "--custom-megatron-before-train-step-hook-path": ("custom_megatron_before_train_step_hook_path", 6),
     "--rollout-data-postprocess-path": ("rollout_data_postprocess_path", 3),
-}
-# Row keys -> slime's rollout_data keys (per sample); loss_masks and advantages come back from the hook.
-_ROLLOUT_DATA = {
-    "loss_mask": "loss_masks",
-    "old_log_probs": "log_probs",
-    "advantages": "advantages",
-    "ref_log_probs": "ref_log_probs",
-    "rollout_log_probs": "rollout_log_probs",
-    "returns": "returns",
-    "old_values": "values",
 }
 
 
@@ -56,38 +47,15 @@ class TrainerHooks:
     before_train_step: Callable[..., Any] | None = None
     rollout_data_postprocess: Callable[..., Any] | None = None
 
-    def postprocess(self, args: Any, rollout_id: int, tokens: list[list[int]], rows: list[dict[str, Any]]) -> None:
+    def postprocess(self, args: Any, rollout_id: int, tokens: list[list[int]], rows: list[TrainRow]) -> None:
         """--rollout-data-postprocess-path on this rank's rows, in place: its loss masks and advantages train."""
         if self.rollout_data_postprocess is None:
             return
         import torch  # here: argument parsing imports this module and must not load torch
 
-        data: dict[str, Any] = {
-            "tokens": [torch.tensor(t) for t in tokens],
-            "total_lengths": [len(t) for t in tokens],
-            "response_lengths": [r["response_length"] for r in rows],
-        }
-        for ours, theirs in _ROLLOUT_DATA.items():
-            if rows and all(ours in r for r in rows):
-                data[theirs] = [r[ours] for r in rows]
+        data = slime_lists(rows, [torch.tensor(t) for t in tokens])
         self.rollout_data_postprocess(args, rollout_id, data)
-        for ours, theirs in (("loss_mask", "loss_masks"), ("advantages", "advantages")):
-            if theirs not in data:
-                continue
-            values = data[theirs]
-            if len(values) != len(rows):
-                raise ValueError(
-                    f"--rollout-data-postprocess-path: rollout_data[{theirs!r}] has {len(values)} entries for "
-                    f"{len(rows)} samples"
-                )
-            for row, value in zip(rows, values, strict=True):
-                value = torch.as_tensor(value, dtype=torch.float32)
-                if value.shape != (row["response_length"],):
-                    raise ValueError(
-                        f"--rollout-data-postprocess-path: rollout_data[{theirs!r}] entries must have one value per "
-                        f"response token ({row['response_length']}), got shape {tuple(value.shape)}"
-                    )
-                row[ours] = value
+        apply_slime_lists(data, rows, "--rollout-data-postprocess-path")
 
 
 def load_trainer_hooks(args: Any) -> TrainerHooks:

@@ -51,6 +51,7 @@ class AdvantageInputs:
     # reinforce_plus_plus_baseline skips its group baseline (what slime's post-process replaces).
     rewards_normalized: bool = False
     teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd: the teacher's, of the sampled tokens
+    tokens: list[list[int]] | None = None  # prompt and response (slime's advantage functions read them)
 
 
 @dataclass

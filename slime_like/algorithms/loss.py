@@ -4,7 +4,7 @@ Each returns its micro-batch's share of the step's objective, sum_it c_it * l_it
 micro-batch's samples, with c the aggregation coefficients ("token_weight", already times the loss
 mask) that the trainer computed on the whole step (aggregation.py). Metrics are shares as well,
 weighted by "metric_weight" (token-mean), so the engine's sums over micro-batches and DP ranks are
-the step's token means. Rows (one dict per sample) carry response_length, loss_mask, token_weight,
+the step's token means. Rows (one dict per sample, rows.TrainRow) carry response_length, loss_mask, token_weight,
 metric_weight, old_log_probs, advantages and, when used, is_weight and ref_log_probs; a critic's
 rows carry old_values and returns.
 
@@ -36,10 +36,13 @@ from slime_like.algorithms.kl import kl_estimate
 from slime_like.algorithms.opsm import opsm_keep
 from slime_like.algorithms.policy_loss import PolicyLossOutput, ppo_clip_loss
 from slime_like.algorithms.ppo import value_loss
+from slime_like.algorithms.rows import TrainRow
 from slime_like.algorithms.sft import sft_token_loss
 
-Rows = list[dict[str, Any]]
+Rows = list[TrainRow]
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+# slime's TIS function and pg-loss reducer, adapted (slime_contract.slime_pg_hooks); None where unset.
+PgHooks = tuple[Callable[..., Any] | None, Callable[..., Any] | None]
 
 
 def _share(x: torch.Tensor, weight: torch.Tensor) -> float:
@@ -64,16 +67,20 @@ def _concat(rows: Rows, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     return {k: torch.cat([r[k] for r in rows]) for k in keys if k in rows[0]}
 
 
-def policy_loss_fn(args: Any) -> LossFn:
+def policy_loss_fn(args: Any, pg_hooks: PgHooks | None = None) -> LossFn:
     """Loss function of a policy step: clipped objective, OPSM, IS weights, KL loss and entropy bonus.
 
     The micro-batch's responses are concatenated into one flat tensor so every term is a handful of
     vector operations and each metric one reduction (a per-sample loop cost ~10% of a CPU step).
     slime's TIS function and pg-loss reducer hooks, when given, take the policy-gradient term's place
-    in that chain (slime_contract.py).
+    in that chain: `pg_hooks`, as step_hooks.py loads them (loaded from `args` here when not given).
     """
     keys = ("old_log_probs", "advantages", "loss_mask", "token_weight", "metric_weight", "is_weight", "ref_log_probs")
-    tis_hook, reducer_hook = _slime_pg_hooks(args)
+    if pg_hooks is None:
+        from slime_like.algorithms.slime_contract import slime_pg_hooks
+
+        pg_hooks = slime_pg_hooks(args)
+    tis_hook, reducer_hook = pg_hooks
     opsm, unbiased_kl = getattr(args, "use_opsm", False), getattr(args, "use_unbiased_kl", False)
 
     def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor]):
@@ -122,22 +129,6 @@ def policy_loss_fn(args: Any) -> LossFn:
         return total, stats
 
     return loss_fn
-
-
-def _slime_pg_hooks(args: Any) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
-    """slime's --custom-tis-function-path and --custom-pg-loss-reducer-function-path, adapted (None when unset)."""
-    from slime_like.algorithms.slime_contract import slime_pg_reducer, slime_tis
-    from slime_like.core.plugin_loader import load_plugin
-
-    tis_path = getattr(args, "custom_tis_function_path", None)
-    reducer_path = getattr(args, "custom_pg_loss_reducer_function_path", None)
-    tis = slime_tis(args, load_plugin(tis_path, "--custom-tis-function-path")) if tis_path else None
-    reducer = (
-        slime_pg_reducer(args, load_plugin(reducer_path, "--custom-pg-loss-reducer-function-path"))
-        if reducer_path
-        else None
-    )
-    return tis, reducer
 
 
 def custom_loss_fn(args: Any, fn: Callable[..., Any]) -> LossFn:

@@ -3,8 +3,9 @@
 slime calls a custom loss as `fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)` and a custom
 advantage estimator as `fn(args, rollout_data) -> None`, which sets `rollout_data["advantages"]` and
 `["returns"]`. Its TIS function (--custom-tis-function-path) and pg-loss reducer
-(--custom-pg-loss-reducer-function-path) run inside our policy loss (slime_tis, slime_pg_reducer). The adapters
-here build slime's arguments from ours at the call boundary:
+(--custom-pg-loss-reducer-function-path) run inside our policy loss (slime_tis, slime_pg_reducer). Each is
+wrapped once, when step_hooks.py loads it, into our contract; the adapters build slime's arguments from ours at
+the call boundary (slime's per-sample keys: rows.py):
 
 - Our engine hands a loss per-token log-probs and entropies of the responses, not the [1, T, V] logits. The
   `logits` a slime loss gets is a `ResponseLogits`, which `get_log_probs_and_entropy` (also importable as
@@ -31,8 +32,10 @@ from rollout.slime_contract import slime_args
 from slime_like.algorithms.advantages import AdvantageInputs, Advantages
 from slime_like.algorithms.grpo import grpo_advantages
 from slime_like.algorithms.kl import kl_estimate
+from slime_like.algorithms.rows import TrainRow, slime_lists
+from slime_like.core.plugin_loader import load_plugin
 
-Rows = list[dict[str, Any]]
+Rows = list[TrainRow]
 # Estimators whose rewards slime normalises per group before the estimator runs (rewards_normalization).
 NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
@@ -81,21 +84,10 @@ def get_log_probs_and_entropy(
 
 def slime_batch(rows: Rows) -> dict[str, Any]:
     """slime's `batch` for a loss: one entry per sample of the micro-batch (rows carry "tokens" for this)."""
-    batch: dict[str, Any] = {
-        "unconcat_tokens": [r["tokens"] for r in rows],
-        "tokens": [r["tokens"] for r in rows],
-        "total_lengths": [len(r["tokens"]) for r in rows],
-        "response_lengths": [r["response_length"] for r in rows],
-        "loss_masks": [r["loss_mask"] for r in rows],
-        "rollout_mask_sums": [r["loss_mask"].sum() for r in rows],
-        "advantages": [r["advantages"] for r in rows],
-        "returns": [r.get("returns", r["advantages"]) for r in rows],
-        "log_probs": [r["old_log_probs"] for r in rows],
-    }
-    for ours, theirs in (("ref_log_probs", "ref_log_probs"), ("rollout_log_probs", "rollout_log_probs"),
-                         ("old_values", "values")):  # fmt: skip
-        if all(ours in r for r in rows):
-            batch[theirs] = [r[ours] for r in rows]
+    batch = slime_lists(rows, [r["tokens"] for r in rows])
+    batch["unconcat_tokens"] = batch["tokens"]
+    batch["rollout_mask_sums"] = [r["loss_mask"].sum() for r in rows]
+    batch.setdefault("returns", batch["advantages"])  # slime's returns are the advantages without a critic
     return batch
 
 
@@ -180,8 +172,31 @@ def slime_rewards(args: Any, inputs: AdvantageInputs) -> list[float]:
     return grpo_advantages(inputs.rewards, inputs.group_ids, use_std)
 
 
-def slime_advantages(args: Any, inputs: AdvantageInputs, fn: Callable[..., Any], tokens: list[list[int]]) -> Advantages:
+def slime_advantage_hook(fn: Callable[..., Any]) -> Callable[[Any, AdvantageInputs], Advantages]:
+    """A slime custom advantage function (--custom-advantage-function-path) in our contract `(args, inputs)`."""
+    return lambda args, inputs: slime_advantages(args, inputs, fn, inputs.tokens)
+
+
+def slime_pg_hooks(args: Any) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """slime's --custom-tis-function-path and --custom-pg-loss-reducer-function-path, loaded and adapted (None
+    when unset)."""
+    tis_path = getattr(args, "custom_tis_function_path", None)
+    reducer_path = getattr(args, "custom_pg_loss_reducer_function_path", None)
+    tis = slime_tis(args, load_plugin(tis_path, "--custom-tis-function-path")) if tis_path else None
+    reducer = (
+        slime_pg_reducer(args, load_plugin(reducer_path, "--custom-pg-loss-reducer-function-path"))
+        if reducer_path
+        else None
+    )
+    return tis, reducer
+
+
+def slime_advantages(
+    args: Any, inputs: AdvantageInputs, fn: Callable[..., Any], tokens: list[list[int]] | None
+) -> Advantages:
     """Run a slime custom advantage function on slime's `rollout_data`; its advantages (and returns)."""
+    if tokens is None:
+        raise ValueError("a slime advantage function reads the samples' tokens: AdvantageInputs.tokens is unset")
     lp = inputs.log_probs
     if args.use_rollout_logprobs and inputs.rollout_log_probs and all(r is not None for r in inputs.rollout_log_probs):
         lp = list(inputs.rollout_log_probs)  # type: ignore[arg-type]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from slime_like.megatron.multi_lora_flags import add_multi_lora_arguments
+
 # Where each Megatron target sits in a decoder layer.
 TARGET_PATHS = {
     "linear_qkv": "self_attention.linear_qkv",
@@ -73,24 +75,13 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--lora-adapter-path", default=None, help="start from this HF PEFT adapter (adapter_config.json + safetensors)"
     )
-    # miles' multi-LoRA training flags, accepted so that a miles command line stops with a clear error.
-    g.add_argument("--multi-lora-n-adapters", type=int, default=0, help="miles' multi-LoRA training: not supported")
-    g.add_argument(
-        "--multi-lora-adapter", nargs=2, action="append", default=None, dest="multi_lora_adapters",
-        metavar=("NAME", "CONFIG"), help="miles' multi-LoRA training: not supported",
-    )  # fmt: skip
+    add_multi_lora_arguments(g)  # several adapters in one run (multi_lora_flags.py)
 
 
 def validate_lora_args(args: argparse.Namespace) -> None:
     """Check the LoRA flags against each other and the layout; with LoRA on, add SGLang's LoRA server flags."""
     from slime_like.core.errors import ArgumentError
 
-    if getattr(args, "multi_lora_n_adapters", 0) or getattr(args, "multi_lora_adapters", None):
-        raise ArgumentError(
-            "--multi-lora-n-adapters / --multi-lora-adapter (miles' multi-LoRA training: several adapters, each "
-            "trained on its own data, in one run) are not supported: a run trains one adapter (--lora-rank). Run one "
-            "job per adapter; serving several adapters in one SGLang engine works (docs/lora.md, 'Several adapters')"
-        )
     if args.lora_rank < 0:
         raise ArgumentError(f"--lora-rank {args.lora_rank} must be >= 0 (0 turns LoRA off)")
     if not args.lora_rank:
@@ -133,7 +124,10 @@ def validate_lora_args(args: argparse.Namespace) -> None:
             "use --lora-dropout 0 (TP ranks would drop different inputs of one replicated adapter)"
         )
     args.sglang_server_args = sglang_lora_flags(
-        args.lora_rank, args.lora_targets, list(getattr(args, "sglang_server_args", None) or [])
+        args.lora_rank,
+        args.lora_targets,
+        list(getattr(args, "sglang_server_args", None) or []),
+        adapters=max(1, getattr(args, "multi_lora_n_adapters", 0)),  # one slot per adapter of a multi-LoRA run
     )
 
 

@@ -54,7 +54,9 @@ def trainer_logprobs(engine: Any, tokens: list[int]) -> torch.Tensor:
         engine.temperature = temperature
 
 
-def check_servers(engine: Any, server_urls: list[str], tolerance: float, rank: int, when: str) -> float:
+def check_servers(
+    engine: Any, server_urls: list[str], tolerance: float, rank: int, when: str, lora_path: str | None = None
+) -> float:
     """Compare the probe's log-probs on every server with the trainer's; return the largest difference.
 
     `when` starts the error message ("after the update to version 3", "before the first rollout"), which also
@@ -64,7 +66,9 @@ def check_servers(engine: Any, server_urls: list[str], tolerance: float, rank: i
     tokens = probe_tokens(engine.bridge.hf_config.vocab_size)
     expected = trainer_logprobs(engine, tokens)
     # A LoRA trainer's policy is the base plus its adapter: the servers serve it under the adapter's name.
-    lora_path = client.LORA_ADAPTER_NAME if getattr(engine, "lora", None) is not None else None
+    # (multi-LoRA: the caller names the live adapter, lora_slots.py)
+    if lora_path is None and getattr(engine, "lora", None) is not None:
+        lora_path = client.LORA_ADAPTER_NAME
     verdict: tuple[float, str | None] = (0.0, None)
     if rank == 0:
         worst, problem = 0.0, None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rollout import sglang_client as client
 from slime_like.megatron.lora import LoraSettings, write_adapter
+from slime_like.megatron.lora_slots import SEPARATOR
 from slime_like.weights.base import NamedTensors, WeightTransport
 
 
@@ -52,3 +53,25 @@ class LoraTransport(WeightTransport):
     def _swap(self, url: str, path: str) -> None:
         client.unload_lora_adapter(url, self.adapter_name, self.timeout_s)
         client.load_lora_adapter(url, self.adapter_name, path, self.timeout_s)
+
+
+class MultiLoraTransport(LoraTransport):
+    """Multi-LoRA: each update loads every adapter it carries (keys `<name>/<PEFT key>`) under its own name, from
+    `<dir>/<name>/v<version>/`, in one pause of generation; adapters it does not carry keep their version."""
+
+    name = "lora"
+
+    def send(self, named_tensors: NamedTensors, version: int) -> None:
+        """Write and swap in each adapter the update carries."""
+        adapters: dict[str, dict] = {}
+        for key, tensor in named_tensors:
+            name, _, peft_key = key.partition(SEPARATOR)
+            adapters.setdefault(name, {})[peft_key] = tensor
+        sent = 0
+        for name, tensors in adapters.items():
+            one = LoraTransport(
+                self.server_urls, self.settings, self.base_model, self.directory / name, name, self.timeout_s
+            )
+            one.send(tensors.items(), version)
+            sent += one.bytes_sent
+        self.bytes_sent = sent

@@ -107,3 +107,107 @@ def test_two_adapters_serve_side_by_side_in_one_batch(lora_server, tiny_qwen3, t
     finally:
         for name in names:
             client.unload_lora_adapter(url, name)
+
+
+def test_multi_lora_steps_each_adapter_alone_and_serves_each(lora_server, tiny_qwen3, tmp_path) -> None:
+    """Several adapters trained in one engine (lora_slots.py): a step of one leaves the others bit-identical, an
+    adapter trained between steps of another equals the same adapter trained alone, and after each update every
+    adapter is served under its name with the trainer's log-probs."""
+    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.megatron.lora import LoraSettings
+    from slime_like.megatron.lora_slots import AdapterSlots
+    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.megatron.parallel import init_parallel
+    from slime_like.weights.lora import MultiLoraTransport
+
+    init_parallel(tp=1, pp=1, seed=1234)
+    settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
+    engine = MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False), lora=settings)
+    slots = AdapterSlots(engine, ["math", "code", "solo"])
+    data = {"math": torch.tensor(SEQUENCE), "code": torch.tensor(SEQUENCE[::-1])}
+
+    def step(name: str, seq: torch.Tensor) -> None:
+        slots.activate(name)
+        engine.train_step([seq], [None], lambda lps, _: -sum(lp.sum() for lp in lps) / (len(seq) - 1))
+
+    def adapter(name: str) -> dict[str, torch.Tensor]:
+        slots.activate(name)
+        return {k: v.clone() for k, v in engine.export_adapter()}
+
+    step("solo", data["math"])  # the reference: math's data, trained with nothing in between
+    step("solo", data["math"])
+    code_start = adapter("code")
+    step("math", data["math"])
+    math_one = adapter("math")
+    assert all(torch.equal(code_start[k], v) for k, v in adapter("code").items())  # math's step left code alone
+    step("code", data["code"])
+    assert all(torch.equal(math_one[k], v) for k, v in adapter("math").items())  # and code's step left math alone
+    step("math", data["math"])  # its second step: its own Adam moments and step count, not code's
+    solo, math = adapter("solo"), adapter("math")
+    assert max(float((solo[k] - math[k]).abs().max()) for k in solo) == 0.0
+
+    url, probe = lora_server.url, probe_tokens(engine.bridge.hf_config.vocab_size)
+    transport = MultiLoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora")
+    try:
+        transport.update(slots.export(["math", "code"]), 1)  # both changed: one pause, each under its name
+        step("code", data["code"])
+        transport.update(slots.export(["code"]), 2)  # only code changed: math keeps version 1
+        held = client.lora_adapters(url)
+        assert held["math"] == str(tmp_path / "lora" / "math" / "v1")
+        assert held["code"] == str(tmp_path / "lora" / "code" / "v2")
+        served = {}
+        for name in ("math", "code"):
+            slots.activate(name)
+            worst = check_servers(engine, [url], TOLERANCE, 0, f"{name} after version 2", lora_path=name)
+            assert worst < TOLERANCE, (name, worst)
+            served[name] = served_logprobs(url, probe, lora_path=name)
+            print(f"multi-LoRA {name}: served vs trainer {worst:.2g}")
+        assert float((served["math"] - served["code"]).abs().max()) > 1e-2  # two different policies on one base
+        assert transport.bytes_sent > 0
+    finally:
+        for name in ("math", "code"):
+            client.unload_lora_adapter(url, name)
+
+
+@pytest.mark.slow
+def test_a_multi_lora_run_trains_each_adapter_and_passes_the_weight_check(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """The whole loop (Ray, SGLang, router, Megatron) with two adapters, each with its own prompts: every update
+    loads the changed adapters under their names, the weight check compares each adapter after every update, and
+    --save writes each adapter in PEFT format under its name."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    flags = []
+    for name, op in (("add", "+"), ("mul", "*")):
+        rows = [{"prompt": f"{a}{op}{a}=", "label": str(a)} for a in range(4)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (tmp_path / f"{name}.yaml").write_text(f"data: {name}.jsonl\nrank: {RANK}\nalpha: {ALPHA}\n")
+        flags += ["--multi-lora-adapter", name, str(tmp_path / f"{name}.yaml")]
+    (tmp_path / "spread_rm.py").write_text("def reward(args, sample):\n    return float(sum(sample.tokens) % 3)\n")
+    out, save = tmp_path / "out", tmp_path / "save"
+    cmd = [
+        sys.executable, "-m", "slime_like.train", "--hf-checkpoint", str(tiny_qwen3), *flags,
+        "--lora-rank", str(RANK), "--lora-alpha", str(ALPHA), "--target-modules", "all-linear",
+        "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--num-rollout", "2", "--rollout-max-response-len", "3", "--advantage-estimator", "reinforce_plus_plus",
+        "--custom-rm-path", "spread_rm.reward", "--lr", "1e-2", "--rollout-num-gpus", "1",
+        "--check-weight-update", "--check-weight-update-tolerance", str(TOLERANCE), "--output-dir", str(out),
+        "--save", str(save), "--save-interval", "2", "--ray-num-cpus", "4",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    logs = proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert logs.count("servers match the trainer within") >= 3, logs[-3000:]  # versions 0, 1, 2: both adapters each
+    for name in ("add", "mul"):
+        assert sorted(p.name for p in (out / "lora" / name).glob("v*")) == ["v1", "v2"]  # the last two versions
+        saved = list(save.glob(f"**/lora/{name}/adapter_config.json"))
+        assert saved and json.loads(saved[0].read_text())["r"] == RANK
+    records = [json.loads(line) for path in out.glob("**/metrics.jsonl") for line in path.read_text().splitlines()]
+    trained = [r for r in records if "train/add/loss" in r]
+    assert len(trained) == 2 and all("train/mul/loss" in r for r in trained), records  # each adapter, each rollout
+    print({k: v for k, v in trained[-1].items() if k.startswith(("train/add/", "train/mul/", "time/update"))})

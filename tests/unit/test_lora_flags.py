@@ -60,9 +60,9 @@ def test_lora_flags_add_sglang_lora_serving(base: list[str]) -> None:
         ),  # fmt: skip
         (
             ["--lora-rank", "4", "--target-modules", "all-linear", "--multi-lora-n-adapters", "2"],
-            "are not supported: a run trains one adapter (--lora-rank). Run one job per adapter",
+            "--multi-lora-n-adapters 2 needs adapters: add --multi-lora-adapter NAME CONFIG",
         ),
-        (["--multi-lora-adapter", "gsm8k", "gsm8k.yaml"], "--multi-lora-n-adapters / --multi-lora-adapter"),
+        (["--multi-lora-adapter", "gsm8k", "gsm8k.yaml"], "--multi-lora-adapter needs --lora-rank"),
     ],
 )
 def test_lora_contradictions_name_the_flags(

@@ -1,0 +1,117 @@
+"""Multi-LoRA (--multi-lora-adapter): the flags and adapter configs with errors naming the fix, the per-adapter
+prompt source that tags each sample, the requests that name its adapter, and one adapter's share of a rollout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from buffer.lora_share import adapter_names, adapter_share
+from buffer.train_data import build_train_data, split_by_dp
+from rollout.generate import with_adapter
+from rollout.lora_data import multi_lora_source
+from slime_like.arguments import parse_args
+from slime_like.core.sample import Sample, Status
+
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--target-modules", "all-linear"]
+
+
+@pytest.fixture
+def adapters(tmp_path: Path) -> dict[str, Path]:
+    """Two adapter configs in miles' adapter.yaml shape, each with its own prompt file (relative paths)."""
+    out = {}
+    for name, key in (("math", "input"), ("code", "question")):
+        rows = [{key: f"{name} {i}", "label": str(i)} for i in range(3)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        extra = "" if key == "input" else f"input_key: {key}\n"
+        (tmp_path / f"{name}.yaml").write_text(f"data: {name}.jsonl\nrank: 4\n{extra}")
+        out[name] = tmp_path / f"{name}.yaml"
+    return out
+
+
+def _flags(base: list[str], adapters: dict[str, Path]) -> list[str]:
+    without_prompts = [f for i, f in enumerate(base) if f != "--prompt-data" and base[i - 1] != "--prompt-data"]
+    return without_prompts + LORA + [x for n, p in adapters.items() for x in ("--multi-lora-adapter", n, str(p))]
+
+
+def test_adapters_route_their_prompts_and_requests_name_them(base, adapters, tiny_qwen3) -> None:
+    from transformers import AutoTokenizer
+
+    args = parse_args(_flags(base, adapters))
+    assert args.lora_adapter_names == ["math", "code"] and args.multi_lora_n_adapters == 2
+    assert args.sglang_server_args[args.sglang_server_args.index("--max-loras-per-batch") + 1] == "2"
+    source = multi_lora_source(args, AutoTokenizer.from_pretrained(tiny_qwen3))
+    groups = source.get_groups(3) + source.get_groups(1)  # the turn carries across calls
+    assert [g[0].metadata["lora_adapter"] for g in groups] == ["math", "code", "math", "code"]
+    assert all(
+        len(g) == 2 and {s.metadata["lora_adapter"] for s in g} == {g[0].metadata["lora_adapter"]} for g in groups
+    )
+    assert all(g[0].prompt.startswith(g[0].metadata["lora_adapter"]) for g in groups)  # its own data (and input_key)
+    state = source.state_dict()
+    again = source.get_groups(2)
+    source.load_state_dict(state)
+    assert [g[0].prompt for g in source.get_groups(2)] == [g[0].prompt for g in again]
+    # A request names its sample's adapter; one that names none is refused (there is no default adapter).
+    with pytest.raises(ValueError, match="has no default adapter"):
+        with_adapter(args, {"input_ids": [1]})
+    assert with_adapter(args, {"input_ids": [1], "lora_path": "code"})["lora_path"] == "code"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"math": "data: math.jsonl\nnum_step: 10\n"},
+            "`num_step` is set for all adapters at once here: use --num-rollout",
+        ),
+        ({"math": "data: math.jsonl\nrank: 8\n"}, "rank 8 differs from --lora-rank 4"),
+        ({"math": "data: nowhere.jsonl\n"}, "nowhere.jsonl does not exist"),
+        ({"math": "input_key: x\n"}, "the config needs `data: <prompt file>`"),
+        ({"math": "data: math.jsonl\nlr: 1\n"}, "unknown key `lr`"),
+    ],
+)
+def test_bad_adapter_configs_name_the_fix(base, adapters, capsys, change, message) -> None:
+    for name, text in change.items():
+        adapters[name].write_text(text)
+    with pytest.raises(SystemExit):
+        parse_args(_flags(base, adapters))
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--prompt-data", "x.jsonl"], "--multi-lora-adapter with --prompt-data: drop one of them"),
+        (["--multi-lora-n-adapters", "1"], "--multi-lora-n-adapters 1 is below the 2 adapters given"),
+        (["--advantage-estimator", "ppo"], "one critic cannot serve several adapters"),
+    ],
+)
+def test_multi_lora_contradictions_name_the_flags(base, adapters, capsys, extra, message) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(_flags(base, adapters) + extra)
+    assert message in capsys.readouterr().err
+
+
+def test_an_adapters_share_holds_its_samples_alone() -> None:
+    def sample(index: int, adapter: str, reward: float) -> Sample:
+        s = Sample(index=index, tokens=[1, 2, 3 + index], response_length=1, reward=reward, status=Status.COMPLETED)
+        s.metadata["lora_adapter"] = adapter
+        return s
+
+    # Groups of two: a, b, a, b, b, b; steps of four samples: [a a b b] [a a b b] [b b b b].
+    order = ["a", "b", "a", "b", "b", "b"]
+    groups = [[sample(2 * g + i, name, float(g + i)) for i in range(2)] for g, name in enumerate(order)]
+    share = split_by_dp(build_train_data(groups), 1, 4)[0]
+    assert adapter_names(share) == ["a", "b"]
+    a = adapter_share(share, "a")
+    assert a.data.sample_indices == [0, 1, 4, 5] and a.rollout.sample_indices == [0, 1, 4, 5]
+    assert a.step_bounds == [(0, 2), (2, 4)] and a.steps == [[0, 1], [2, 3]]  # the b-only third step is dropped
+    assert a.rows == [0, 1, 2, 3] and a.rollout.raw_rewards == [0.0, 1.0, 2.0, 3.0]
+    b = adapter_share(share, "b")
+    assert b.step_bounds == [(0, 2), (2, 4), (4, 8)] and b.data.group_ids == [1, 1, 3, 3, 4, 4, 5, 5]
+    plain = split_by_dp(build_train_data([[Sample(index=0, tokens=[1, 2], response_length=1, reward=1.0)]]), 1, 1)[0]
+    assert plain.data.lora_adapters == [] and adapter_names(plain) == []
+    with pytest.raises(ValueError, match="not a multi-LoRA rollout"):
+        adapter_share(plain, "a")
