@@ -37,11 +37,12 @@ Agent = Callable[[str, str, Sample], Awaitable[None]]
 AGENT_TIMEOUT_S = 300.0
 
 
-def openai_client(base_url: str, api_key: str, **kwargs: Any) -> openai.AsyncOpenAI:
-    """An AsyncOpenAI client for a session, on the rollout endpoint's shared connection pool when called inside
-    a rollout (a plain `openai.AsyncOpenAI` builds an SSL context: ~70 ms of CPU on the rollout's loop per sample)."""
+def openai_client(base_url: str, api_key: str, *, in_process: bool = True, **kwargs: Any) -> openai.AsyncOpenAI:
+    """An AsyncOpenAI client for a session. Inside a rollout its calls are answered by the endpoint in process
+    (`in_process`; else over HTTP on the endpoint's shared connection pool): a plain `openai.AsyncOpenAI` goes
+    over HTTP and builds an SSL context, ~70 ms of CPU on the rollout's loop per sample (scripts/bench/README.md)."""
     endpoint = current_endpoint()
-    http = endpoint.http_client() if endpoint is not None else None
+    http = endpoint.http_client(in_process) if endpoint is not None else None
     return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http, **kwargs)
 
 

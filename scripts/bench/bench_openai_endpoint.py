@@ -4,14 +4,16 @@
     .venv/bin/python scripts/bench/bench_openai_endpoint.py --turns 3 --rounds 5
 
 One SGLang server behind sglang-router serves the demo's tiny Qwen3 (scripts/bench/bench_loop.py's `prepare`).
-Each round generates the same samples two ways, in alternating order: `rollout.generate.generate` (native: one
-/generate per turn, the prompt's chat template rendered by the rollout) and an agent written with the OpenAI SDK
-talking to `rollout/openai_endpoint.py` through `plugins.openai_agent.run_openai_agent` (per turn: an HTTP call
-to the endpoint, the template rendered and the new text tokenised, then the same /generate), its client made by
-`plugins.openai_agent.openai_client` (the endpoint's shared connection pool), and, as a third path, by a plain
-`openai.AsyncOpenAI` per sample (which builds an SSL context each time). With --turns > 1
-both continue the conversation with a fixed user turn. `ignore_eos` makes both generate exactly --gen-tokens per
-turn. The figure is the median over rounds of endpoint tokens/s over native tokens/s; goal >= 0.9.
+Each round generates the same samples on every path, in rotating order: `rollout.generate.generate` (native: one
+/generate per turn, the prompt's chat template rendered by the rollout), and agents through `rollout/openai_endpoint.py`
+by `plugins.openai_agent.run_openai_agent` (per turn: a call to the endpoint, the template rendered and the new text
+tokenised, then the same /generate), with four clients (PATHS): the OpenAI SDK from
+`plugins.openai_agent.openai_client`, answered in process (the figure); the same SDK over HTTP on the endpoint's
+connection pool; no SDK, aiohttp posting the JSON over HTTP (what the endpoint itself costs); a plain
+`openai.AsyncOpenAI` per sample (an SSL context each). With --turns > 1 every path continues the conversation with a
+fixed user turn. `ignore_eos` makes all generate exactly --gen-tokens per turn. Printed per path: tokens/s, the
+median of per-round ratios to native (the figure: the "endpoint" row, goal >= 0.9), and this process's CPU time per
+turn, which the load of a shared machine disturbs far less than wall-clock throughput.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from bench_loop import REPO, median, prepare, prompt_rows  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 GOAL = 0.9
+# path -> the agent's client: the SDK through plugins.openai_agent.openai_client in process (the figure) or over
+# HTTP on the endpoint's pool, a plain `openai.AsyncOpenAI` per sample, or no SDK (aiohttp posting the JSON).
+PATHS = {"endpoint": "in-process", "endpoint, SDK over HTTP": "http", "endpoint, raw HTTP": "raw"}
+PATHS["endpoint, own AsyncOpenAI"] = "own"
 NEXT_TURN = "go on"
 
 
@@ -63,28 +69,42 @@ async def _native(ctx: Any, messages: list[list[dict]], params: dict, turns: int
     return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(messages))))
 
 
-async def _endpoint(ctx: Any, messages: list[list[dict]], params: dict, turns: int, own_client: bool) -> int:
-    """Each sample's turns by an OpenAI SDK agent through the rollout's endpoint; the agent's client on the
-    endpoint's shared pool (plugins.openai_agent.openai_client), or a new `openai.AsyncOpenAI` of its own."""
+async def _endpoint(ctx: Any, messages: list[list[dict]], params: dict, turns: int, client: str) -> int:
+    """Each sample's turns by an agent through the rollout's endpoint, its client one of CLIENTS."""
+    import aiohttp
     import openai
 
     from plugins.openai_agent import openai_client, run_openai_agent
     from slime_like.core.sample import Sample
 
-    async def agent(base_url: str, api_key: str, sample: Sample) -> None:
-        make = openai.AsyncOpenAI if own_client else openai_client
-        async with make(base_url=base_url, api_key=api_key, max_retries=0) as client:
+    async def sdk_agent(base_url: str, api_key: str, sample: Sample) -> None:
+        if client == "own":
+            sdk = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        else:
+            sdk = openai_client(base_url, api_key, in_process=client == "in-process", max_retries=0)
+        async with sdk:
             chat = list(sample.prompt)
             for _ in range(turns):
-                reply = await client.chat.completions.create(
+                reply = await sdk.chat.completions.create(
                     model="policy", messages=chat, max_tokens=params["max_new_tokens"], extra_body={"ignore_eos": True}
                 )
                 chat += [{"role": "assistant", "content": reply.choices[0].message.content}]
                 chat += [{"role": "user", "content": NEXT_TURN}]
 
+    async def raw_agent(base_url: str, api_key: str, sample: Sample) -> None:
+        chat, headers = list(sample.prompt), {"Authorization": f"Bearer {api_key}"}
+        for _ in range(turns):
+            body = {"model": "policy", "messages": chat, "max_tokens": params["max_new_tokens"], "ignore_eos": True}
+            async with http.post(f"{base_url}/chat/completions", json=body, headers=headers) as r:
+                reply = await r.json()
+            chat += [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]}]
+            chat += [{"role": "user", "content": NEXT_TURN}]
+
     samples = [Sample(prompt=m, index=i) for i, m in enumerate(messages)]
     budget = {**params, "max_new_tokens": turns * params["max_new_tokens"] * 4}  # the whole conversation's room
-    await asyncio.gather(*(run_openai_agent(ctx, s, budget, agent, timeout=600) for s in samples))
+    agent = raw_agent if client == "raw" else sdk_agent
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(run_openai_agent(ctx, s, budget, agent, timeout=600) for s in samples))
     failed = [s.metadata.get("agent_error") for s in samples if s.status.value == "failed"]
     if failed:
         raise RuntimeError(f"{len(failed)} agents failed, e.g. {failed[0]}")
@@ -103,12 +123,12 @@ async def _round(path: str, run_args: Any, tokenizer: Any, url: str, messages: l
         ctx = RolloutContext(
             run_args, tokenizer, url, session, asyncio.Semaphore(conc), loop=asyncio.get_running_loop()
         )
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if path == "native":
             tokens = await _native(ctx, messages, params, args.turns)
         else:
-            tokens = await _endpoint(ctx, messages, params, args.turns, own_client=path == "endpoint, own client")
-        return tokens, time.perf_counter() - start
+            tokens = await _endpoint(ctx, messages, params, args.turns, PATHS[path])
+        return tokens, time.perf_counter() - start, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,22 +157,30 @@ def main(argv: list[str] | None = None) -> None:
             f"the router; {args.rounds} rounds per path, alternating, after a warm-up of each",
             flush=True,
         )
-        paths = ["native", "endpoint", "endpoint, own client"]
+        paths = ["native", *PATHS]
         results: dict[str, list[float]] = {p: [] for p in paths}
+        cpu: dict[str, list[float]] = {p: [] for p in paths}
         for p in paths:
             asyncio.run(_round(p, run_args, tokenizer, router.url, messages, args))
+        calls = args.samples * args.turns
         for r in range(args.rounds):
             for p in paths[r % len(paths) :] + paths[: r % len(paths)]:
-                tokens, elapsed = asyncio.run(_round(p, run_args, tokenizer, router.url, messages, args))
-                if tokens != args.samples * args.turns * args.gen_tokens:
-                    raise RuntimeError(f"{p}: {tokens} tokens, expected {args.samples * args.turns * args.gen_tokens}")
+                tokens, elapsed, used = asyncio.run(_round(p, run_args, tokenizer, router.url, messages, args))
+                if tokens != calls * args.gen_tokens:
+                    raise RuntimeError(f"{p}: {tokens} tokens, expected {calls * args.gen_tokens}")
                 results[p].append(tokens / elapsed)
+                cpu[p].append(1000 * used / calls)
+        print(
+            f"{'path':<27}{'tok/s':>7}{'/ native':>10}{'CPU ms/turn':>13}   (this process: rollout + agents + endpoint)"
+        )
         for p in paths:
-            print(f"  {p:<22}{median(results[p]):8.0f} tok/s  (rounds: {' '.join(f'{v:.0f}' for v in results[p])})")
-        for p in paths[1:]:
             ratio = median([e / n for e, n in zip(results[p], results["native"], strict=True)])
-            print(f"  {p} / native: median of per-round ratios {ratio:.3f}", end="")
-            print(f" (the figure, goal >= {GOAL}): {'PASS' if ratio >= GOAL else 'MISS'}" if p == "endpoint" else "")
+            print(f"  {p:<25}{median(results[p]):7.0f}{ratio:10.3f}{median(cpu[p]):13.2f}", end="")
+            print(f"   rounds: {' '.join(f'{v:.0f}' for v in results[p])}")
+        ratio = median([e / n for e, n in zip(results["endpoint"], results["native"], strict=True)])
+        print(
+            f"endpoint / native (median of per-round ratios): {ratio:.3f}, goal >= {GOAL}: {'PASS' if ratio >= GOAL else 'MISS'}"
+        )
     finally:
         if router is not None:
             router.stop()

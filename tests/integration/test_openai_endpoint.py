@@ -358,3 +358,46 @@ def sdk_calls(chat_url: str, text_url: str, key: str) -> None:
     text = openai.OpenAI(base_url=text_url, api_key=key, max_retries=0)
     first = text.completions.create(model="m", prompt="2+2=", max_tokens=3).choices[0].text
     text.completions.create(model="m", prompt="2+2=" + first + " and 3+3=", max_tokens=3)
+
+
+def test_in_process_calls_answer_as_over_http(tiny_qwen3: Path, sglang_server: SGLangServer) -> None:
+    """openai_client's in-process transport: the same answers, errors and counters as HTTP, streaming included; other
+    URLs go through the pool; after the endpoint stopped, a connection error as over HTTP."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    flags = ["--hf-checkpoint", str(tiny_qwen3), "--prompt-data", "x.jsonl", "--rollout-batch-size", "1"]
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            ctx = RolloutContext(parse_args([*flags, "--num-rollout", "1"]), tokenizer, sglang_server.url, http, asyncio.Semaphore(4))  # fmt: skip
+            endpoint = await OpenAIEndpoint(ctx).start()
+            session = endpoint.open_session(Sample(index=3), {"max_new_tokens": 64, "temperature": 1.0})
+            url, key = endpoint.base_url(session), endpoint.api_key
+            client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, http_client=endpoint.http_client())
+            try:
+                assert [m.id for m in (await client.models.list()).data] == [str(tiny_qwen3)]
+                messages = [{"role": "user", "content": "hi"}]
+                stream = await client.chat.completions.create(model="m", messages=messages, max_tokens=6, stream=True)
+                text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+                (turn,) = session.turns
+                assert text == tokenizer.decode(
+                    turn.output_ids[:-1] if turn.finish_reason == "stop" else turn.output_ids
+                )
+                assert session.tokens == turn.input_ids + turn.output_ids
+                with pytest.raises(openai.BadRequestError, match="do not extend"):
+                    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "other"}])
+                with pytest.raises(openai.AuthenticationError):
+                    await client.with_options(api_key="wrong").models.list()
+                other = await endpoint.http_client().get(f"{sglang_server.url}/get_model_info")
+                assert other.status_code == 200  # not the endpoint: through the pool
+                await endpoint.close_session(session.id)
+                with pytest.raises(openai.NotFoundError, match="ended session"):
+                    await client.models.list()
+            finally:
+                await endpoint.stop()
+            with pytest.raises(openai.APIConnectionError):
+                await client.models.list()
+            assert ctx.counters["openai_unauthorized"] == 1 and ctx.counters["openai_history_mismatch"] == 1
+
+    asyncio.run(main())
