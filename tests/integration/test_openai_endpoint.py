@@ -17,15 +17,14 @@ import aiohttp
 import openai
 import pytest
 
-import rollout.generate
 from plugins import openai_agent
 from rollout import sglang_client as client
 from rollout.context import RolloutContext
-from rollout.manager import RolloutManager
 from rollout.openai_endpoint import OpenAIEndpoint
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
 from slime_like.core.sample import Sample, Status
+from tests.integration.recorded_rollout import recorded_rollout
 
 PLUGIN = r"""
 import asyncio
@@ -79,21 +78,7 @@ def run(
             "--rm-type", "f1", "--output-dir", str(task / "out"),
         ]
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-    original = rollout.generate.post_generate
-
-    async def recording(ctx: Any, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
-        out = await original(ctx, payload, retries)
-        sent.append({"rid": payload["rid"], "input_ids": list(payload["input_ids"]), "out": out})
-        return out
-
-    rollout.generate.post_generate = recording  # type: ignore[assignment]
-    m = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
-    try:
-        groups, metrics = m.generate(0)
-    finally:
-        rollout.generate.post_generate = original  # type: ignore[assignment]
-        m.shutdown()
+    groups, metrics, sent = recorded_rollout(args, sglang_server.url)
     assert len(groups) == 1
     yield groups[0], metrics, sent
 

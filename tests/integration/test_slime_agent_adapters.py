@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 import requests
 
-import rollout.generate
-from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
 from slime_like.core.sample import Sample, Status
+from tests.integration.recorded_rollout import recorded_rollout
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,22 +35,8 @@ def run(tiny_qwen3: Path, sglang_server: SGLangServer, tmp_path_factory: pytest.
             "--output-dir", str(root / "out"),
         ]
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-    original = rollout.generate.post_generate
-
-    async def recording(ctx: Any, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
-        out = await original(ctx, payload, retries)
-        sent.append({"input_ids": list(payload["input_ids"]), "out": out})
-        return out
-
     sys.path.insert(0, str(HERE))
-    rollout.generate.post_generate = recording  # type: ignore[assignment]
-    manager = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
-    try:
-        groups, metrics = manager.generate(0)
-    finally:
-        rollout.generate.post_generate = original  # type: ignore[assignment]
-        manager.shutdown()
+    groups, metrics, sent = recorded_rollout(args, sglang_server.url)
     yield groups[0], metrics, sent, sys.modules["slime_plugins.agent_adapters"]
     sys.path.remove(str(HERE))
     for name in [m for m in sys.modules if m.startswith("slime_plugins")]:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-import rollout.generate
 from buffer.train_data import build_train_data
-from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
 from slime_like.core.sample import Status
+from tests.integration.recorded_rollout import recorded_rollout
 from tests.integration.test_openai_agents_sdk import with_tools_template  # noqa: F401  (a fixture)
 
 N = 2
@@ -38,21 +36,7 @@ def rollout_run(with_tools_template: Path, sglang_server: SGLangServer, tmp_path
             "--sglang-tool-call-parser", "qwen25", "--output-dir", str(root / "out"),
         ]
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-    original = rollout.generate.post_generate
-
-    async def recording(ctx: Any, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
-        out = await original(ctx, payload, retries)
-        sent.append({"rid": payload["rid"], "input_ids": list(payload["input_ids"]), "out": out})
-        return out
-
-    rollout.generate.post_generate = recording  # type: ignore[assignment]
-    manager = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
-    try:
-        groups, metrics = manager.generate(0)
-    finally:
-        rollout.generate.post_generate = original  # type: ignore[assignment]
-        manager.shutdown()
+    groups, metrics, sent = recorded_rollout(args, sglang_server.url)
     return groups[0], metrics, sent
 
 
