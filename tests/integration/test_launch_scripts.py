@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tools.reference_configs import write_reference_config
 
-# The CPU demo scripts build their model and run for real; the cluster scripts are checked by dry run.
-SCRIPTS = sorted(p.name for p in (REPO_ROOT / "scripts").glob("run-*.sh") if not p.name.startswith("run-tiny-cpu"))
+# The CPU scripts (run-*-cpu*.sh) build their model and run for real; the cluster scripts are checked by dry run.
+SCRIPTS = sorted(p.name for p in (REPO_ROOT / "scripts").glob("run-*.sh") if "-cpu" not in p.name)
 
 
 def model_of(script: str) -> str:
@@ -26,6 +26,8 @@ BAD = {
     "misspelt": ("run-qwen3-4B.sh", "qwen3-4B", ("--tensor-model-paralel-size", "4")),
     "too_big": ("run-deepseek-v3.sh", "deepseek-v3", ("--gpu-memory-gb", "40")),
 }
+# Dry runs of a script's optional mode, switched on by its environment: (script, config of model, environment).
+MODES = {"glm_mtp": ("run-glm4.7-flash.sh", "glm4.7-flash", {"ENABLE_MTP": "1"})}
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +36,11 @@ def dry_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.C
     configs = tmp_path_factory.mktemp("configs")
     for script in SCRIPTS:
         write_reference_config(model_of(script), configs / model_of(script))
-    cases = {s: (s, model_of(s), ()) for s in SCRIPTS} | BAD
+    cases = {s: (s, model_of(s), (), {}) for s in SCRIPTS} | {k: (*v, {}) for k, v in BAD.items()}
+    cases |= {k: (script, model, (), env) for k, (script, model, env) in MODES.items()}
     procs = {}
-    for name, (script, model, extra) in cases.items():
-        env = {**os.environ, "DRY_RUN": "1", "HF_CHECKPOINT": str(configs / model)}
+    for name, (script, model, extra, mode) in cases.items():
+        env = {**os.environ, "DRY_RUN": "1", "HF_CHECKPOINT": str(configs / model), **mode}
         cmd = ["bash", str(REPO_ROOT / "scripts" / script), *extra]
         procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     done = {}
@@ -68,6 +71,14 @@ def test_script_dry_run_passes(script: str, dry_runs: dict[str, subprocess.Compl
     assert out.returncode == 0, out.stdout + out.stderr
     assert "dry run: OK, nothing started" in out.stdout
     assert "memory per training GPU" in out.stdout and "placement:" in out.stdout
+
+
+def test_glm_flash_with_mtp_training_passes_its_dry_run(dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    """run-glm4.7-flash.sh with ENABLE_MTP=1: slime's MTP flags and EAGLE decoding, checked against the config."""
+    out = dry_runs["glm_mtp"]
+    assert out.returncode == 0 and "dry run: OK, nothing started" in out.stdout, out.stdout + out.stderr
+    # MTP training takes neither PP nor CP: the mode's layout, not the default PP 2 x CP 2, was planned and checked.
+    assert "TP 2 x PP 1 x CP 1" in out.stdout and "PP 2" in dry_runs["run-glm4.7-flash.sh"].stdout
 
 
 def test_flag_contradicting_the_hf_config_names_both(dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
