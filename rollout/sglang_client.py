@@ -302,7 +302,7 @@ def worker_job_status(router_url: str, worker_id: str, timeout: float = 5.0) -> 
 
 
 class GenerateRefused(EngineError):
-    """/generate answered 4xx: the request itself is wrong, so sending it again cannot help."""
+    """/generate (or /v1/embeddings) answered 4xx: the request itself is wrong, so sending it again cannot help."""
 
 
 async def generate_async(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +320,29 @@ async def generate_async(session: aiohttp.ClientSession, url: str, payload: dict
             error = f"/generate answered {resp.status}: {(await resp.text())[:300]}{_auth_hint(resp.status)}"
     except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise EngineError(f"/generate failed: {exc!r}") from exc
+    raise (GenerateRefused if resp.status < 500 else EngineError)(error)
+
+
+async def embeddings_async(
+    session: aiohttp.ClientSession, url: str, inputs: list[list[int]], model: str
+) -> list[list[float]]:
+    """POST /v1/embeddings for token-id inputs (a reward model's scores, served with --is-embedding), in input order;
+    GenerateRefused on a 4xx answer, EngineError on a 5xx answer, a broken connection or an answer without them.
+
+    sglang-router 0.3.2 passes this on but not SGLang's native /classify (404)."""
+    try:
+        async with session.post(
+            f"{url}/v1/embeddings", json={"input": inputs, "model": model}, headers=auth_headers()
+        ) as resp:
+            if resp.status == 200:
+                answer = await resp.json(content_type=None)
+                try:
+                    return [row["embedding"] for row in sorted(answer["data"], key=lambda row: row["index"])]
+                except (KeyError, TypeError) as exc:
+                    raise EngineError(f"{url}/v1/embeddings gave no embeddings ({exc!r}): {str(answer)[:300]}") from exc
+            error = f"/v1/embeddings answered {resp.status}: {(await resp.text())[:300]}{_auth_hint(resp.status)}"
+    except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        raise EngineError(f"/v1/embeddings failed: {exc!r}") from exc
     raise (GenerateRefused if resp.status < 500 else EngineError)(error)
 
 
