@@ -1,6 +1,6 @@
 """SFT samples from data rows instead of sampling: `--custom-generate-function-path plugins.sft_generate.generate`.
 
-With `--loss-type sft_loss` (slime_like/algorithms/sft.py) the same launch script, data loading, engine,
+With `--loss-type sft_loss` (slime_like/trainer/algorithms/sft.py) the same launch script, data loading, engine,
 checkpoints and evaluation serve a warm start and then RL. For multi-turn chat data only the assistant's
 tokens are trained on: the mask is 1 on each assistant message (its content and end-of-turn token) and 0
 on system, user and tool messages and on the chat template's generation prompt (e.g.

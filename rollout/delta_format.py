@@ -5,7 +5,7 @@ A tensor is handled as its raw bytes (uint8, dtype-blind). Two encodings of the 
   twice reverts it, so it must be applied exactly once, on the right base.
 - overwrite: the changed byte positions and their new values; applying it again changes nothing.
 Both are zstd-compressed at level 1. Each version records a checksum of every changed tensor's new bytes.
-The trainer encodes (slime_like/weights/delta.py); every engine host decodes (rollout/delta_pull.py).
+The trainer encodes (slime_like/trainer/weights/delta.py); every engine host decodes (rollout/delta_pull.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The prompt source of a multi-LoRA run (--multi-lora-adapter): one data source per adapter, groups drawn from the
 adapters in turn, each sample tagged with its adapter's name (metadata['lora_adapter']), which its /generate
-requests name (rollout/generate.py) and the trainer trains on (slime_like/actor.py)."""
+requests name (rollout/generate.py) and the trainer trains on (slime_like/trainer/actor.py)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import ray
 
-from slime_like.actor import TrainActor
-from slime_like.megatron import checkpoint_layout as layout
 from slime_like.placement import Placement
+from slime_like.trainer.actor import TrainActor
+from slime_like.trainer.megatron import checkpoint_layout as layout
 
 WATCH_INTERVAL = 2.0  # seconds between checks for a lost node or rank while the ranks work
 # Ray's causes of an actor's death that its raylet reported, so its node lives: no wait for a verdict on the node.
@@ -68,7 +68,7 @@ class TrainGroup:
     def _gather(self, refs: list[ray.ObjectRef], what: str) -> list[Any]:
         """The ranks' results in rank order, as `placement.get` (NodeLostError when a node of ours died), except
         that a rank's death ends the wait at once with TrainerRankLostError: the others may be blocked in a
-        collective with it, up to the process group's timeout (30 minutes, slime_like/megatron/parallel.py)."""
+        collective with it, up to the process group's timeout (30 minutes, slime_like/trainer/megatron/parallel.py)."""
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
         while pending:

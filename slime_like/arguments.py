@@ -19,10 +19,6 @@ from rollout.arguments import (
 from rollout.debug_data import add_debug_arguments, validate_debug_args
 from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
-from slime_like.megatron.flags import add_training_arguments, mtp_config_problems, validate_training_args
-from slime_like.megatron.lora_flags import add_lora_arguments, validate_lora_args
-from slime_like.megatron.multi_lora_flags import validate_multi_lora_args
-from slime_like.model_arguments import add_model_arguments, check_against_hf_config, text_config
 from slime_like.planner import (
     MEMORY_WARNING,
     add_plan_arguments,
@@ -31,7 +27,11 @@ from slime_like.planner import (
     load_hf_config,
     make_plan,
 )
-from slime_like.training_arguments import (
+from slime_like.trainer.megatron.flags import add_training_arguments, mtp_config_problems, validate_training_args
+from slime_like.trainer.megatron.lora_flags import add_lora_arguments, validate_lora_args
+from slime_like.trainer.megatron.multi_lora_flags import validate_multi_lora_args
+from slime_like.trainer.model_arguments import add_model_arguments, check_against_hf_config, text_config
+from slime_like.trainer.training_arguments import (
     add_algorithm_arguments,
     add_checkpoint_arguments,
     add_megatron_arguments,
@@ -130,7 +130,7 @@ def resolve_offload_train(args: argparse.Namespace, cuda: bool | None = None) ->
             "(or drop --offload-train)"
         )
     if args.offload_train and cuda:
-        from slime_like.megatron.offload import memory_saver_problem
+        from slime_like.trainer.megatron.offload import memory_saver_problem
 
         problem = memory_saver_problem()
         if problem:
@@ -182,7 +182,7 @@ def family_problem(hf_checkpoint: str, config: Any) -> str | None:
     """Why the trainer cannot build this checkpoint's model (no registered model family), or None if it can."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Megatron's import-time notes (no Apex/TE) belong to the trainer ranks' logs
-        from slime_like.megatron.families import family_of
+        from slime_like.trainer.megatron.families import family_of
 
     try:
         family_of(config)
@@ -191,7 +191,7 @@ def family_problem(hf_checkpoint: str, config: Any) -> str | None:
         return (
             f"--hf-checkpoint {hf_checkpoint} is a {architecture} (model_type {config.model_type!r}), which this "
             f"engine cannot train yet: no model family is registered for it, so its Megatron model and its "
-            f"HF <-> Megatron weight names are missing (slime_like/megatron/families.py; {exc})"
+            f"HF <-> Megatron weight names are missing (slime_like/trainer/megatron/families.py; {exc})"
         )
     return None
 

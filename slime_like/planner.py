@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_like.model_arguments import moe_layer_pattern
+from slime_like.trainer.model_arguments import moe_layer_pattern
 
 GIB = 1024**3
 
@@ -334,7 +334,9 @@ def _training_layout_problems(args: Any, config: Any) -> list[str]:
             f"trainer ranks of a pipeline stage (--actor-num-nodes x --actor-num-gpus-per-node = {args.world_size} "
             f"over --pipeline-model-parallel-size {pp})"
         )
-    if getattr(config, "index_topk", None) and args.context_parallel_size > 1:  # GLM-5's DSA (slime_like.megatron.dsa)
+    if (
+        getattr(config, "index_topk", None) and args.context_parallel_size > 1
+    ):  # GLM-5's DSA (slime_like.trainer.megatron.dsa)
         problems.append(
             f"--context-parallel-size {args.context_parallel_size}: megatron-core 0.16's DeepSeek sparse attention "
             "(GLM-5) has no context parallelism (slime's --allgather-cp comes with its own GLM-5 layer spec); use "
@@ -455,7 +457,7 @@ def add_plan_arguments(parser: Any) -> None:
 def load_hf_config(path: str) -> Any:
     """The checkpoint's transformers config (the checkpoint need not hold weights for a dry run); the planner reads
     its language model's part (`model_arguments.text_config`)."""
-    from slime_like.model_arguments import read_hf_config
+    from slime_like.trainer.model_arguments import read_hf_config
 
     return read_hf_config(path)
 

@@ -19,11 +19,11 @@ from slime_like.arguments import resolve_precision
 from slime_like.core.cluster import node_options
 from slime_like.core.errors import ArgumentError, NodeLostError, RolloutFailedError
 from slime_like.core.logs import setup_logging
-from slime_like.megatron import checkpoint_layout as layout
-from slime_like.megatron.cpu_compat import transformer_engine_available
-from slime_like.megatron.flags import no_effect_line
 from slime_like.metrics_log import MetricsLogger
 from slime_like.placement import create_placement, start_ray
+from slime_like.trainer.megatron import checkpoint_layout as layout
+from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
+from slime_like.trainer.megatron.flags import no_effect_line
 
 logger = logging.getLogger(__name__)
 

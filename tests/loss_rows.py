@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from slime_like.algorithms.aggregation import token_weights
+from slime_like.trainer.algorithms.aggregation import token_weights
 
 
 def loss_rows(masks: list[torch.Tensor], mode: str = "token-mean", **extra: list) -> list[dict]:

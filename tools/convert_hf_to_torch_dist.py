@@ -22,8 +22,8 @@ from slime_like.core.logs import setup_logging
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool (no heavy import: --help is instant)."""
-    from slime_like.megatron.checkpoint_conversion import add_mtp_arguments, add_parallel_arguments
-    from slime_like.model_arguments import add_model_arguments
+    from slime_like.trainer.megatron.checkpoint_conversion import add_mtp_arguments, add_parallel_arguments
+    from slime_like.trainer.model_arguments import add_model_arguments
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json and safetensors)")
@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.core import parallel_state
 
     from slime_like.core.hf_config import load_hf_config
-    from slime_like.megatron import checkpoint_layout as layout
-    from slime_like.megatron.checkpoint import save_checkpoint
-    from slime_like.megatron.checkpoint_conversion import mtp_layers_to_build, prepare_model
-    from slime_like.megatron.model import load_hf_weights
+    from slime_like.trainer.megatron import checkpoint_layout as layout
+    from slime_like.trainer.megatron.checkpoint import save_checkpoint
+    from slime_like.trainer.megatron.checkpoint_conversion import mtp_layers_to_build, prepare_model
+    from slime_like.trainer.megatron.model import load_hf_weights
 
     mtp_layers = mtp_layers_to_build(load_hf_config(args.hf_checkpoint), args.mtp_num_layers)
     bridge, model, ours = prepare_model(args, "convert_hf_to_torch_dist", mtp_layers)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _check_save_dir(save: str) -> None:
     """Exit naming the problem when --save holds a training run (its tracker names an iteration)."""
-    from slime_like.megatron.checkpoint_layout import TRACKER, CheckpointError, read_tracker
+    from slime_like.trainer.megatron.checkpoint_layout import TRACKER, CheckpointError, read_tracker
 
     if not os.path.isfile(os.path.join(save, TRACKER)):
         return
@@ -84,6 +84,6 @@ def _check_save_dir(save: str) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
     main()
-    from slime_like.megatron.parallel import destroy_parallel
+    from slime_like.trainer.megatron.parallel import destroy_parallel
 
     destroy_parallel()

@@ -28,8 +28,8 @@ from slime_like.core.logs import setup_logging
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the tool (no heavy import: --help is instant)."""
-    from slime_like.megatron.checkpoint_conversion import add_mtp_arguments, add_parallel_arguments
-    from slime_like.model_arguments import add_model_arguments
+    from slime_like.trainer.megatron.checkpoint_conversion import add_mtp_arguments, add_parallel_arguments
+    from slime_like.trainer.model_arguments import add_model_arguments
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, help="run directory (tracker), iter_*/release directory or torch_dist dir")
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.core import parallel_state
 
     from slime_like.core.hf_config import load_hf_config
-    from slime_like.megatron import checkpoint_conversion as conv
-    from slime_like.megatron.checkpoint import load_checkpoint, model_sharded_state_dict
-    from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
+    from slime_like.trainer.megatron import checkpoint_conversion as conv
+    from slime_like.trainer.megatron.checkpoint import load_checkpoint, model_sharded_state_dict
+    from slime_like.trainer.megatron.model import export_hf_weights, untrained_hf_weights
 
     hf_config = load_hf_config(args.hf_checkpoint)
     try:  # as prepare_model does, but before --load is read: argument errors come first
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     if lora is not None:  # a collective (gathers over TP), before the weights' export
         from megatron.core.utils import get_model_config
 
-        from slime_like.megatron.lora import PEFT_PREFIX, export_adapter
+        from slime_like.trainer.megatron.lora import PEFT_PREFIX, export_adapter
 
         adapter = dict(export_adapter(model, bridge.hf_config, get_model_config(model[0])))
     weights = export_hf_weights(bridge, model)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         # Tensors Megatron does not hold (multi-token-prediction layers) are copied from --hf-checkpoint unchanged.
         weights = itertools.chain(weights, untrained_hf_weights(bridge))
         if lora is not None:
-            from slime_like.megatron.lora import merge_adapter, write_adapter
+            from slime_like.trainer.megatron.lora import merge_adapter, write_adapter
 
             merged = {k.removeprefix(PEFT_PREFIX): v for k, v in adapter.items()}
             weights = merge_adapter(weights, merged, lora.scale, args.load)
@@ -119,8 +119,8 @@ def _stored_lora(directory: str, alpha: float | None):
 
     from megatron.core.dist_checkpointing import load_tensors_metadata
 
-    from slime_like.megatron.lora import LoraSettings
-    from slime_like.megatron.lora_flags import TARGET_PATHS
+    from slime_like.trainer.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.lora_flags import TARGET_PATHS
 
     pattern = re.compile(r"decoder\.layers\.(?:\d+\.)?(?:self_attention|mlp)\.(linear_\w+)\.lora\.A$")
     found = {m.group(1): meta for key, meta in load_tensors_metadata(directory).items() if (m := pattern.search(key))}
@@ -139,7 +139,7 @@ def _stored_lora(directory: str, alpha: float | None):
 
 def _checkpoint_dir(load: str) -> str:
     """The torch_dist directory --load names (exit naming the problem when there is none or it is incomplete)."""
-    from slime_like.megatron.checkpoint_layout import CheckpointError, find_checkpoint
+    from slime_like.trainer.megatron.checkpoint_layout import CheckpointError, find_checkpoint
 
     try:
         checkpoint = find_checkpoint(load, "--load")
@@ -161,6 +161,6 @@ def _checkpoint_dir(load: str) -> str:
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
     main()
-    from slime_like.megatron.parallel import destroy_parallel
+    from slime_like.trainer.megatron.parallel import destroy_parallel
 
     destroy_parallel()

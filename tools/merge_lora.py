@@ -49,8 +49,8 @@ def base_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def main(argv: list[str] | None = None) -> None:
     """Read the adapter, merge it into the base's weights shard by shard, write the HF checkpoint."""
     args = parse_args(argv)
-    from slime_like.megatron import checkpoint_conversion as conv
-    from slime_like.megatron.lora import merge_adapter, merge_scale, read_adapter
+    from slime_like.trainer.megatron import checkpoint_conversion as conv
+    from slime_like.trainer.megatron.lora import merge_adapter, merge_scale, read_adapter
 
     base, save = Path(args.hf_checkpoint), Path(args.save)
     if save.resolve() == base.resolve():

@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     tok = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]

@@ -46,12 +46,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from rollout import delta_pull
     from rollout.sglang_server import SGLangServer
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
-    from slime_like.weights.check import served_logprobs
-    from slime_like.weights.delta import DeltaDiskTransport
-    from slime_like.weights.disk import DiskTransport
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
+    from slime_like.trainer.weights.check import served_logprobs
+    from slime_like.trainer.weights.delta import DeltaDiskTransport
+    from slime_like.trainer.weights.disk import DiskTransport
 
     work = Path(tempfile.mkdtemp(prefix="bench_delta_"))
     if args.model:

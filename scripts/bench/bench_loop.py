@@ -430,9 +430,9 @@ class Bench:
 
     def make_actor(self) -> None:
         """A trainer rank in this process (a world of one), as the loop's Ray actor builds it."""
-        from slime_like.actor import TrainActor
         from slime_like.arguments import parse_args as parse_run_args
         from slime_like.core.process import free_port
+        from slime_like.trainer.actor import TrainActor
 
         run_args = parse_run_args(job_flags(self.model, self.work, self.args, self.args.max_response_len))
         saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -484,8 +484,8 @@ class Bench:
         import torch
         from megatron.core.distributed import finalize_model_grads
 
-        from slime_like.megatron.cpu_compat import cuda_to_cpu
-        from slime_like.megatron.packing import pack, split_micro_batches
+        from slime_like.trainer.megatron.cpu_compat import cuda_to_cpu
+        from slime_like.trainer.megatron.packing import pack, split_micro_batches
 
         a = self.args
         print("\n== 3. Train step vs bare Megatron step (one process, a world of one) ==", flush=True)
@@ -598,8 +598,8 @@ class Bench:
         """Time pieces of the engine's overhead on their own (medians of 5)."""
         import torch
 
-        from slime_like.megatron.packing import pack, split_micro_batches
-        from slime_like.megatron.parallel import share_from_last_stage
+        from slime_like.trainer.megatron.packing import pack, split_micro_batches
+        from slime_like.trainer.megatron.parallel import share_from_last_stage
 
         lengths = [len(t) for t in tokens]
 

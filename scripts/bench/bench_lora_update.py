@@ -65,7 +65,7 @@ def best_update(channel, export, repeats: int, version: list[int]) -> tuple[floa
 
 def protocol_only(urls: list[str]):
     """A transport that sends nothing: its update is the protocol alone."""
-    from slime_like.weights.base import WeightTransport
+    from slime_like.trainer.weights.base import WeightTransport
 
     class Nothing(WeightTransport):
         name = "nothing"
@@ -79,7 +79,7 @@ def protocol_only(urls: list[str]):
 def lora_parts(lora, export, repeats: int) -> dict[str, float]:
     """Best seconds of the LoRA send's parts: write the PEFT directory, unload the adapter, load it."""
     from rollout import sglang_client as client
-    from slime_like.megatron.lora import write_adapter
+    from slime_like.trainer.megatron.lora import write_adapter
 
     url, best = lora.server_urls[0], {"write": float("inf"), "unload": float("inf"), "load": float("inf")}
     target = lora.directory / "parts"
@@ -105,12 +105,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from rollout import sglang_client as client
     from rollout.sglang_server import SGLangServer
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
-    from slime_like.megatron.lora_flags import resolve_targets, sglang_lora_flags
-    from slime_like.megatron.parallel import destroy_parallel, init_parallel
-    from slime_like.weights.check import probe_tokens, served_logprobs, trainer_logprobs
-    from slime_like.weights.lora import LoraTransport
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.lora_flags import resolve_targets, sglang_lora_flags
+    from slime_like.trainer.megatron.parallel import destroy_parallel, init_parallel
+    from slime_like.trainer.weights.check import probe_tokens, served_logprobs, trainer_logprobs
+    from slime_like.trainer.weights.lora import LoraTransport
 
     targets = resolve_targets(args.target_modules)
     settings = LoraSettings(args.lora_rank, args.lora_alpha, targets=targets)

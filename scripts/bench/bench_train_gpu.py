@@ -164,8 +164,8 @@ def bench_model(shape: ModelShape, hf_dir: Path, args: argparse.Namespace, peak:
     """Build the engine, run warm-up and timed train steps, return the figures."""
     import torch
 
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     args = parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     device, peak = peak_flops(args.peak_tflops)

@@ -135,7 +135,7 @@ def bare_shm_seconds(engine, receivers: int, repeats: int) -> float:
     """Best time for `receivers` plain processes to map the exported tensors' handles and copy them."""
     import subprocess
 
-    from slime_like.weights.tensor import TensorTransport, serialize_tensors
+    from slime_like.trainer.weights.tensor import TensorTransport, serialize_tensors
 
     shareable = TensorTransport([], 1 << 30)._shareable  # the tensor transport's own choice of what to share
     procs = [
@@ -165,9 +165,9 @@ def bare_shm_seconds(engine, receivers: int, repeats: int) -> float:
 
 def transport(kind: str, urls: list[str], bucket: int, model: Path, directory: Path):
     """A transport of `kind` for these servers."""
-    from slime_like.weights.disk import DiskTransport
-    from slime_like.weights.distributed import DistributedTransport
-    from slime_like.weights.tensor import TensorTransport
+    from slime_like.trainer.weights.disk import DiskTransport
+    from slime_like.trainer.weights.distributed import DistributedTransport
+    from slime_like.trainer.weights.tensor import TensorTransport
 
     if kind == "distributed":
         return DistributedTransport(urls, bucket, timeout_s=600)
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from rollout.sglang_server import SGLangServer
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.parallel import destroy_parallel, init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.parallel import destroy_parallel, init_parallel
 
     with tempfile.TemporaryDirectory(prefix="bench_weights_") as tmp:
         work = Path(tmp)

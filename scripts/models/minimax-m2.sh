@@ -1,7 +1,7 @@
 # MiniMax-M2 / M2.5 229B-A10B (minimax_m2: 256 experts top-8 in all 62 layers, no shared expert, sigmoid routing
 # with expert bias; GQA 48/8 heads with a QK norm over all heads; RoPE on half of each head): Megatron
 # architecture flags, checked against config.json. The flags and values of slime's scripts/models/minimax-m2.sh;
-# its --spec is accepted, and the family registry builds the all-heads QK norm (slime_like/megatron/all_heads_qk_norm.py).
+# its --spec is accepted, and the family registry builds the all-heads QK norm (slime_like/trainer/megatron/all_heads_qk_norm.py).
 MODEL_ARGS=(
    --spec "slime_plugins.models.minimax_m2" "get_minimax_m2_layer_spec"
    --num-layers 62 --hidden-size 3072 --ffn-hidden-size 1536

@@ -24,8 +24,8 @@ RUNS: dict[str, tuple[dict, dict]] = {  # init_parallel kwargs, engine kwargs
 
 def gpu_run(hf_dir: str, **engine_kwargs) -> dict:
     """Log-probs and entropies, three bf16 optimizer steps (the last with an entropy bonus), log-probs again."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
     engine = MegatronTrainEngine(
@@ -52,7 +52,7 @@ def main(out: str, hf_dir: str, runs: list[str]) -> None:
     """Run each RUN in turn and save {run: results} from rank 0."""
     from megatron.core import parallel_state as mpu
 
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     results = {}
     for run in runs:

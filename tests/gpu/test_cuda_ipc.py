@@ -171,8 +171,8 @@ def _check(report: dict[str, Any], names: list[str], expected: list[torch.Tensor
 
 @pytest.mark.parametrize("decoder", ["pickle", "sglang"])
 def test_flattened_bucket_round_trip(decoder: str) -> None:
-    from slime_like.weights.base import flat_size, flatten_into
-    from slime_like.weights.tensor import _ALIGN, serialize_bucket
+    from slime_like.trainer.weights.base import flat_size, flatten_into
+    from slime_like.trainer.weights.tensor import _ALIGN, serialize_bucket
 
     bucket = _bucket()
     buffer = torch.empty(flat_size(bucket, _ALIGN), dtype=torch.uint8, device="cuda")
@@ -192,7 +192,7 @@ def test_flattened_bucket_round_trip(decoder: str) -> None:
 
 @pytest.mark.parametrize("decoder", ["pickle", "sglang"])
 def test_plain_tensors_round_trip(decoder: str) -> None:
-    from slime_like.weights.tensor import serialize_tensors
+    from slime_like.trainer.weights.tensor import serialize_tensors
 
     bucket = [(name, t.contiguous()) for name, t in _bucket()]
     torch.cuda.synchronize()

@@ -86,11 +86,11 @@ def _all_reduce_works() -> None:
 def test_offload_frees_memory_and_onload_restores_it_bit_identically(saver: None, mid_qwen3: Path) -> None:
     import torch.distributed as dist
 
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.offload import TrainerOffload, materialize_optimizer_state
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
-    from slime_like.megatron.reloadable_groups import reloadable_groups
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.offload import TrainerOffload, materialize_optimizer_state
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.reloadable_groups import reloadable_groups
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
     init_parallel(tp=1, pp=1, seed=1234, reloadable_groups=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.megatron.cpu_compat import transformer_engine_available
+from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
 from tests.megatron.common import fixed_batch
 from tests.megatron.launch import torchrun
 

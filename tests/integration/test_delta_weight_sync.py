@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from rollout import delta_pull
 from rollout.sglang_client import weight_version
 from rollout.sglang_server import SGLangServer
-from slime_like.weights.check import served_logprobs
-from slime_like.weights.delta import DeltaDiskTransport
+from slime_like.trainer.weights.check import served_logprobs
+from slime_like.trainer.weights.delta import DeltaDiskTransport
 
 pytestmark = [pytest.mark.integration, pytest.mark.megatron]
 
@@ -39,9 +39,9 @@ def local_weights(local: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("encoding", ["xor"])
 def test_delta_updates_equal_a_full_sync(server, tiny_qwen3: Path, tmp_path: Path, encoding: str) -> None:
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     engine = MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=1e-3, use_distributed_optimizer=False))

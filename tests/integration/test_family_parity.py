@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollout.sglang_server import SGLangServer
-from slime_like.weights.check import check_servers, served_logprobs
+from slime_like.trainer.weights.check import check_servers, served_logprobs
 from tests.integration.test_weight_update import SEQUENCE, make_transport, train_one_step, trainable_engine
 from tests.megatron.tiny_families import make_glm4, make_glm4_moe, make_mimo
 

@@ -63,7 +63,7 @@ def test_script_dry_run_passes(script: str, dry_runs: dict[str, subprocess.Compl
         if (REPO_ROOT / "tools" / "hf_configs" / f"{model_of(script)}.json").exists()
         else None
     )
-    from slime_like.megatron.families import FAMILIES
+    from slime_like.trainer.megatron.families import FAMILIES
 
     if model_type is not None and model_type not in FAMILIES:  # a family still being registered: its clear error
         assert out.returncode == 2 and "no model family is registered" in out.stderr, out.stdout + out.stderr

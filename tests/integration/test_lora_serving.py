@@ -13,9 +13,9 @@ import torch
 
 from rollout import sglang_client as client
 from rollout.sglang_server import SGLangServer
-from slime_like.megatron.lora_flags import sglang_lora_flags
-from slime_like.weights.check import check_servers, probe_tokens, served_logprobs, trainer_logprobs
-from slime_like.weights.lora import LoraTransport
+from slime_like.trainer.megatron.lora_flags import sglang_lora_flags
+from slime_like.trainer.weights.check import check_servers, probe_tokens, served_logprobs, trainer_logprobs
+from slime_like.trainer.weights.lora import LoraTransport
 
 RANK, ALPHA, TARGETS = 4, 8.0, ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 TOLERANCE = 1e-4  # fp32 on both sides
@@ -34,10 +34,10 @@ def lora_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tmp_path) -> None:
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
@@ -74,9 +74,9 @@ def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tm
 
 
 def test_two_adapters_serve_side_by_side_in_one_batch(lora_server, tiny_qwen3, tmp_path) -> None:
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings, write_adapter
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings, write_adapter
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
@@ -113,12 +113,12 @@ def test_multi_lora_steps_each_adapter_alone_and_serves_each(lora_server, tiny_q
     """Several adapters trained in one engine (lora_slots.py): a step of one leaves the others bit-identical, an
     adapter trained between steps of another equals the same adapter trained alone, and after each update every
     adapter is served under its name with the trainer's log-probs."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
-    from slime_like.megatron.lora_slots import AdapterSlots
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
-    from slime_like.weights.lora import MultiLoraTransport
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.lora_slots import AdapterSlots
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
+    from slime_like.trainer.weights.lora import MultiLoraTransport
 
     init_parallel(tp=1, pp=1, seed=1234)
     settings = LoraSettings(RANK, ALPHA, targets=TARGETS)

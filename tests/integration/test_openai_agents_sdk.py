@@ -79,9 +79,9 @@ def test_the_trajectories_train_with_megatron_log_probs_equal_to_sglang(
     """Megatron scores the trained ids as SGLang does (teacher forcing, within 1e-4). The sampled log-probs are the
     grammar-constrained sampler's (the regexes): masking only removes choices, so they are never below the model's."""
     from rollout import sglang_client as client
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     group, _ = rollout
     data = build_train_data([group])

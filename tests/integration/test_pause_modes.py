@@ -30,9 +30,9 @@ from rollout.pause import check_server_args, continue_all, pause_all, server_arg
 from rollout.sglang_server import SGLangServer
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample, Status
-from slime_like.weights.check import check_servers, served_logprobs
-from slime_like.weights.disk import DiskTransport
-from slime_like.weights.distributed import DistributedTransport
+from slime_like.trainer.weights.check import check_servers, served_logprobs
+from slime_like.trainer.weights.disk import DiskTransport
+from slime_like.trainer.weights.distributed import DistributedTransport
 from tests.integration.test_weight_update import SEQUENCE, train_one_step, trainable_engine
 
 REQUESTS = 4

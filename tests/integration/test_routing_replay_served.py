@@ -64,9 +64,9 @@ def server(near_tied_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def engine(near_tied_moe: Path):
     """A single-rank Megatron engine whose routers can replay (moe_enable_routing_replay)."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     # Several sequences per packed micro-batch: replay must follow the packing token by token.

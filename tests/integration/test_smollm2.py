@@ -35,7 +35,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_smollm2_through_megatron_and_sglang(smollm2: Path, tmp_path: Path) -> None:
     import transformers
 
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
 
@@ -52,7 +52,7 @@ def test_smollm2_through_megatron_and_sglang(smollm2: Path, tmp_path: Path) -> N
     del hf
 
     # Megatron (through the family registry): same logits, and the weights export back bit-exactly.
-    from slime_like.megatron.model import build_model, export_hf_weights, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, export_hf_weights, load_hf_weights, make_bridge
 
     bridge = make_bridge(hf_dir, torch.float32)
     model = build_model(bridge, wrap_with_ddp=False)

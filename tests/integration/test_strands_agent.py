@@ -65,9 +65,9 @@ def test_strands_calls_its_tool_and_trains_on_the_sampled_ids(rollout_run, with_
 
     data = build_train_data([group])
     assert [list(t) for t in data.tokens] == [s.tokens for s in group]
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     engine = MegatronTrainEngine(with_tools_template, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=512)

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from slime_like.megatron import checkpoint_layout as layout
+from slime_like.trainer.megatron import checkpoint_layout as layout
 from tests.conftest import REPO_ROOT
 from tests.integration.same_run import assert_same_metrics, assert_same_samples, assert_same_weights
 

@@ -17,11 +17,11 @@ import torch
 from rollout.sglang_client import generate, served_dtype, weight_version
 from rollout.sglang_server import SGLangServer
 from slime_like.core.errors import WeightUpdateError
-from slime_like.weights.check import check_servers, served_logprobs
-from slime_like.weights.disk import DiskTransport
-from slime_like.weights.distributed import DistributedTransport
-from slime_like.weights.tensor import TensorTransport, serialize_bucket
-from slime_like.weights.updater import WeightUpdater
+from slime_like.trainer.weights.check import check_servers, served_logprobs
+from slime_like.trainer.weights.disk import DiskTransport
+from slime_like.trainer.weights.distributed import DistributedTransport
+from slime_like.trainer.weights.tensor import TensorTransport, serialize_bucket
+from slime_like.trainer.weights.updater import WeightUpdater
 
 SEQUENCE = [287, 285, 224, 20, 21, 295, 224, 22, 23, 24, 34, 290, 29, 224, 22, 24, 26]
 TOLERANCE = 1e-4  # fp32 on both sides; measured ~1e-6
@@ -55,9 +55,9 @@ def serve_two(model: Path, log_dir: Path) -> Iterator[list[SGLangServer]]:
 
 def trainable_engine(model: Path):
     """A single-rank Megatron engine on `model`, with a large learning rate so one step moves every weight."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=1, pp=1, seed=1234)
     return MegatronTrainEngine(model, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False))
@@ -214,7 +214,7 @@ def test_tensor_payload_is_sglang_flattened_bucket() -> None:
     from sglang.srt.utils.common import SafeUnpickler
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
-    from slime_like.weights.base import flat_size, flatten_into
+    from slime_like.trainer.weights.base import flat_size, flatten_into
 
     torch.multiprocessing.set_sharing_strategy("file_system")
     tensors = [("w", torch.randn(3, 5)), ("b", torch.randn(7, dtype=torch.bfloat16))]
@@ -236,7 +236,7 @@ def test_trainer_rank_updates_with_flags_and_checks(servers, tiny_qwen3, tmp_pat
     import logging
     import os
 
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
     from tests.megatron.algo_common import actor_args, make_data
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -245,7 +245,7 @@ def test_trainer_rank_updates_with_flags_and_checks(servers, tiny_qwen3, tmp_pat
     actor = TrainActor(actor_args(tiny_qwen3, flags), 0, "127.0.0.1", 0)
     actor.train(0, make_data())
     urls = [s.url for s in servers]
-    with caplog.at_level(logging.INFO, logger="slime_like.actor"):
+    with caplog.at_level(logging.INFO, logger="slime_like.trainer.actor"):
         assert actor.update_weights(urls, 100, "tensor", str(tmp_path)) > 0
     assert "weight version 100 over tensor: servers match the trainer within" in caplog.text
     assert all(weight_version(url) == "100" for url in urls)

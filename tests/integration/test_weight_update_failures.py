@@ -17,8 +17,8 @@ import pytest
 from rollout.sglang_client import weight_version
 from rollout.sglang_server import SGLangServer
 from slime_like.core.errors import WeightUpdateError
-from slime_like.weights.check import check_servers
-from slime_like.weights.updater import WeightUpdater
+from slime_like.trainer.weights.check import check_servers
+from slime_like.trainer.weights.updater import WeightUpdater
 from tests.integration.test_weight_update import engine, make_transport, start_servers, train_one_step  # noqa: F401
 
 TIMEOUT = 8.0  # --update-weight-timeout of these updates: a stalled server costs this much per call
@@ -88,7 +88,7 @@ def test_killed_server_fails_every_attempt_then_a_retry_succeeds(box, engine, ti
     with caplog.at_level(logging.ERROR), pytest.raises(WeightUpdateError, match="weight update to version 1 failed"):
         updater.update(export_then(engine, lambda: box.signal(signal.SIGKILL)), 1)
     assert time.monotonic() - start < 60  # no hang: refused connections fail at once
-    lines = [r.getMessage() for r in caplog.records if r.name == "slime_like.weights.updater"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "slime_like.trainer.weights.updater"]
     assert len(lines) == 3, lines
     assert lines[0].startswith("weight update to version 1 over tensor failed (attempt 1 of 3)")
     assert lines[0].endswith("; retrying")
@@ -114,7 +114,7 @@ def test_stalled_server_times_out_and_falls_back_to_disk(box, engine, tiny_qwen3
     with caplog.at_level(logging.ERROR):
         assert updater.update(export_then(engine, stall), 3) == "disk"
     assert time.monotonic() - start < 120
-    lines = [r.getMessage() for r in caplog.records if r.name == "slime_like.weights.updater"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "slime_like.trainer.weights.updater"]
     assert len(lines) == 1 and "over distributed failed (attempt 1 of 2)" in lines[0], lines
     assert lines[0].endswith("; falling back to disk")
     assert weight_version(box.url) == "3"

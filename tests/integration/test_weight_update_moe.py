@@ -15,7 +15,7 @@ import torch
 
 from rollout.sglang_client import weight_version
 from rollout.sglang_server import SGLangServer
-from slime_like.weights.check import served_logprobs
+from slime_like.trainer.weights.check import served_logprobs
 from tests.integration.test_weight_update import SEQUENCE, make_transport, serve_two, train_one_step, trainable_engine
 
 

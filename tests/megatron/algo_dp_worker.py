@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 def main(out: str, hf_dir: str) -> None:
     """Run every DP config and save {name: results} from rank 0."""
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
     from tests.megatron.algo_common import DP_CONFIGS, run_config
 
     rank = int(os.environ["RANK"])

@@ -19,7 +19,7 @@ def logits_and_grads(hf_dir: str | Path) -> dict:
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from slime_like.megatron.model import build_model, export_hf_weights, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, export_hf_weights, load_hf_weights, make_bridge
 
     bridge = make_bridge(hf_dir, torch.float32)
     model = build_model(bridge, wrap_with_ddp=False)
@@ -44,8 +44,8 @@ def main(hf_dir: str, out: str, one_kv_head: str | None = None) -> None:
     """Run at TP2 and save the result from rank 0."""
     import torch.distributed as dist
 
-    from slime_like.megatron.model import make_bridge
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.model import make_bridge
+    from slime_like.trainer.megatron.parallel import init_parallel
 
     init_parallel(tp=2, pp=1, seed=1234)
     result = logits_and_grads(hf_dir)

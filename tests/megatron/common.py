@@ -39,8 +39,8 @@ def train_run(hf_dir: str | Path) -> dict:
     Steps: three plain cross-entropy steps, one with an entropy bonus, one on a single sequence
     (with DP=2 one rank then runs only a filler micro-batch).
     """
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     settings = OptimizerSettings(lr=1e-3, weight_decay=0.01, clip_grad=1.0)
     engine = MegatronTrainEngine(hf_dir, settings, max_tokens_per_micro_batch=MAX_TOKENS)

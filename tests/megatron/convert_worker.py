@@ -16,7 +16,7 @@ TOOLS = {"hf_to_torch_dist": convert_hf_to_torch_dist.main, "torch_dist_to_hf": 
 
 def main(steps_file: str) -> None:
     """Run every step (the tools keep the process group between steps), then tear it down."""
-    from slime_like.megatron.parallel import destroy_parallel
+    from slime_like.trainer.megatron.parallel import destroy_parallel
 
     for tool, argv in json.loads(open(steps_file).read()):
         TOOLS[tool](argv)

@@ -40,7 +40,7 @@ def logits_of(model: torch.nn.ModuleDict, tokens: torch.Tensor) -> torch.Tensor:
 
 def micro_batches(seqs: list[torch.Tensor], cp: int) -> list:
     """The fixed batch in two "thd" micro-batches, each sequence padded for the CP split."""
-    from slime_like.megatron.packing import pack, pad_multiple
+    from slime_like.trainer.megatron.packing import pack, pad_multiple
 
     half = len(seqs) // 2
     return [pack(seqs, ids, "thd", pad_multiple(cp_size=cp)) for ids in (range(half), range(half, len(seqs)))]
@@ -56,10 +56,10 @@ def main(out_dir: str, hf_dir: str) -> None:
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel.schedules import forward_step_calc_loss
 
-    from slime_like.megatron import context_parallel as cp_lib
-    from slime_like.megatron.engine import MegatronTrainEngine, loss_rescale
-    from slime_like.megatron.logprobs import logprobs_and_entropy
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron import context_parallel as cp_lib
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine, loss_rescale
+    from slime_like.trainer.megatron.logprobs import logprobs_and_entropy
+    from slime_like.trainer.megatron.parallel import init_parallel
     from tests.megatron.common import fixed_batch, num_targets
 
     init_parallel(cp=2, seed=1234)

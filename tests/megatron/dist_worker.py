@@ -27,7 +27,7 @@ def main(out: str, runs: list[str]) -> None:
     """Run each LAYOUT:HF_DIR in turn and save {run: results} from rank 0."""
     from megatron.core import parallel_state as mpu
 
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.parallel import init_parallel
     from tests.megatron.common import train_run
 
     results = {}

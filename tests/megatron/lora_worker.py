@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from slime_like.megatron.parallel import init_parallel
+from slime_like.trainer.megatron.parallel import init_parallel
 from tests.megatron.test_lora import lora_run
 
 

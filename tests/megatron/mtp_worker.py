@@ -19,7 +19,7 @@ def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
     """Run the step at each layout and save the results from rank 0."""
     from megatron.core import parallel_state as mpu
 
-    from slime_like.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.parallel import init_parallel
     from tests.megatron.test_mtp import SEQUENCES, _engine, _policy_loss, _rows
 
     results = {}

@@ -50,7 +50,7 @@ def _collectives(group: dist.ProcessGroup, ranks: list[int]) -> dict:
 
 
 def groups(out: str) -> None:
-    from slime_like.megatron.reloadable_groups import (
+    from slime_like.trainer.megatron.reloadable_groups import (
         ReloadableProcessGroup,
         destroy_reloadable_groups,
         enable_reloadable_groups,
@@ -87,10 +87,10 @@ def groups(out: str) -> None:
 def megatron(out: str, hf_dir: str) -> None:
     from megatron.core import parallel_state as mpu
 
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
-    from slime_like.megatron.parallel import init_parallel
-    from slime_like.megatron.reloadable_groups import (
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.reloadable_groups import (
         ReloadableProcessGroup,
         destroy_reloadable_groups,
         reload_reloadable_groups,

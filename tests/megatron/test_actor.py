@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.algorithms.advantages import AdvantageInputs
+from slime_like.trainer.algorithms.advantages import AdvantageInputs
 from tests.megatron.algo_common import actor_args, make_data
 
 
 @pytest.fixture
 def make_actor(tiny_qwen3: Path, megatron_world: None, monkeypatch: pytest.MonkeyPatch):
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))  # TrainActor sets them; restored after the test

@@ -16,7 +16,7 @@ WORKER = Path(__file__).with_name("algo_dp_worker.py")
 
 
 def test_dp2_matches_dp1(tiny_qwen3: Path, megatron_world: None, tmp_path: Path, monkeypatch) -> None:
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
 
     torchrun(WORKER, [str(tmp_path / "out.pt"), str(tiny_qwen3)])
     got = torch.load(tmp_path / "out.pt", weights_only=False)

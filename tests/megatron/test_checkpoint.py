@@ -9,8 +9,8 @@ from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
 @pytest.mark.parametrize("distributed_optimizer", [True, False])
 def test_resume_from_checkpoint_repeats_the_same_steps(distributed_optimizer, tiny_qwen3, megatron_world, tmp_path):
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     settings = OptimizerSettings(
         lr=1e-3,

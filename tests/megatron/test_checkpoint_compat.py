@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from slime_like.megatron.checkpoint_layout import TRACKER, find_checkpoint
+from slime_like.trainer.megatron.checkpoint_layout import TRACKER, find_checkpoint
 from tests.megatron.algo_common import actor_args, make_data
 from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 from tools import convert_hf_to_torch_dist
@@ -26,7 +26,7 @@ def save_as_megatron_lm(engine, directory: Path, iteration: int) -> None:
     from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    from slime_like.megatron.cpu_compat import cuda_to_cpu
+    from slime_like.trainer.megatron.cpu_compat import cuda_to_cpu
 
     content = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False}
     content["chained_optim_avoid_prefix"] = True
@@ -52,8 +52,8 @@ def save_as_megatron_lm(engine, directory: Path, iteration: int) -> None:
 
 
 def test_slime_checkpoint_resumes_exactly(tiny_qwen3, megatron_world, tmp_path, caplog) -> None:
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     seqs = fixed_batch()
     loss_fn = token_ce_loss(num_targets(seqs))
@@ -69,14 +69,14 @@ def test_slime_checkpoint_resumes_exactly(tiny_qwen3, megatron_world, tmp_path, 
     assert checkpoint.iteration == 19 and checkpoint.state() is None
     # Same optimizer as slime's (distributed): weights, Adam moments, scheduler and RNG all carry over.
     resumed = MegatronTrainEngine(tiny_qwen3, slime, max_tokens_per_micro_batch=40)
-    with caplog.at_level(logging.INFO, logger="slime_like.megatron.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="slime_like.trainer.megatron.checkpoint"):
         resumed.load_checkpoint(checkpoint.directory)
     assert "not loaded" not in caplog.text and "starts fresh" not in caplog.text
     assert [resumed.train_step(seqs, [None] * len(seqs), loss_fn) for _ in range(2)] == expected
     # Our default (non-distributed) optimizer cannot take that state: the weights load, the optimizer starts fresh.
     plain = OptimizerSettings(lr=1e-3, use_distributed_optimizer=False)
     other = MegatronTrainEngine(tiny_qwen3, plain, max_tokens_per_micro_batch=40)
-    with caplog.at_level(logging.INFO, logger="slime_like.megatron.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="slime_like.trainer.megatron.checkpoint"):
         other.load_checkpoint(checkpoint.directory)
     assert "its optimizer state does not fit this optimizer" in caplog.text
     for got, want in zip(other.forward_logprobs(seqs), saved, strict=True):
@@ -85,7 +85,7 @@ def test_slime_checkpoint_resumes_exactly(tiny_qwen3, megatron_world, tmp_path, 
 
 @pytest.fixture
 def make_actor(tiny_qwen3: Path, megatron_world: None, monkeypatch: pytest.MonkeyPatch):
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))  # TrainActor sets them; restored after the test
@@ -93,7 +93,7 @@ def make_actor(tiny_qwen3: Path, megatron_world: None, monkeypatch: pytest.Monke
 
 
 def test_ref_load_is_the_kl_reference_and_the_critic_saves_inside(make_actor, tiny_qwen3, tmp_path) -> None:
-    from slime_like.megatron.checkpoint_conversion import copy_model_files, write_safetensors
+    from slime_like.trainer.megatron.checkpoint_conversion import copy_model_files, write_safetensors
 
     # Other weights, converted to Megatron-LM's release layout: the reference model of the run.
     donor = make_actor()

@@ -120,10 +120,10 @@ def test_checkpoint_of_another_config_is_refused_by_tensor(tiny_qwen3, megatron_
 def test_engine_loads_a_converted_checkpoint(tiny_qwen3, megatron_world, tmp_path) -> None:
     """The converter writes Megatron-LM's release layout; an engine built from tiny_qwen3 takes other weights from it
     (logits equal to an engine built from those HF weights) and trains on."""
-    from slime_like.megatron.checkpoint_conversion import copy_model_files, write_safetensors
-    from slime_like.megatron.checkpoint_layout import find_checkpoint
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.checkpoint_conversion import copy_model_files, write_safetensors
+    from slime_like.trainer.megatron.checkpoint_layout import find_checkpoint
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
     seqs = fixed_batch()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.megatron.context_parallel import shard, zigzag_positions
-from slime_like.megatron.packing import pack
+from slime_like.trainer.megatron.context_parallel import shard, zigzag_positions
+from slime_like.trainer.megatron.packing import pack
 from tests.megatron.launch import torchrun
 
 WORKER = Path(__file__).with_name("cp_worker.py")

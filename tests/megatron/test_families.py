@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
-from slime_like.megatron.families import FAMILIES, family_of, template
+from slime_like.trainer.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
+from slime_like.trainer.megatron.families import FAMILIES, family_of, template
 from tests.megatron.tiny_families import (
     make_deepseek_v3,
     make_glm4,
@@ -120,7 +120,7 @@ def safetensors_of(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _megatron_model(hf_dir: Path):
-    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
 
     bridge = make_bridge(hf_dir, torch.float32)
     model = build_model(bridge, wrap_with_ddp=False)
@@ -144,7 +144,7 @@ def test_logits_match_transformers(fixture: str, request: pytest.FixtureRequest,
 
 @pytest.mark.parametrize("fixture", MODELS)
 def test_export_is_bit_exact(fixture: str, request: pytest.FixtureRequest, megatron_world) -> None:
-    from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
+    from slime_like.trainer.megatron.model import export_hf_weights, untrained_hf_weights
 
     hf_dir = request.getfixturevalue(fixture)
     bridge, model = _megatron_model(hf_dir)
@@ -224,7 +224,7 @@ def test_vocab_padding_is_added_and_removed() -> None:
 def test_routing_megatron_would_run_differently_is_refused_by_field(fields: dict, message: str) -> None:
     import transformers
 
-    from slime_like.megatron.bridges import sigmoid_moe_args
+    from slime_like.trainer.megatron.bridges import sigmoid_moe_args
 
     base = dict(num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1)
     assert sigmoid_moe_args(transformers.Glm4MoeConfig(**base))["moe_layer_freq"] == [0, 1, 1]
@@ -244,7 +244,7 @@ def test_mimo_configs_megatron_would_run_differently_are_refused(
 ) -> None:
     import json
 
-    from slime_like.megatron.model import make_bridge
+    from slime_like.trainer.megatron.model import make_bridge
 
     for name in ("config.json", "configuration_mimo.py"):  # the model is refused before any weight is read
         (tmp_path / name).write_bytes((tiny_mimo / name).read_bytes())
@@ -298,7 +298,7 @@ def test_minimax_m2_configs_megatron_would_run_differently_are_refused(
 ) -> None:
     import json
 
-    from slime_like.megatron.model import make_bridge
+    from slime_like.trainer.megatron.model import make_bridge
 
     for name in ("config.json", "configuration_minimax_m2.py"):  # the model is refused before any weight is read
         (tmp_path / name).write_bytes((tiny_minimax_m2 / name).read_bytes())
@@ -312,7 +312,7 @@ def test_fp8_checkpoint_is_refused_at_load(tiny_minimax_m2: Path, tmp_path: Path
     """MiniMax-M2's published weights are FP8 with block scales: loading them as they are would drop the scales."""
     from safetensors.torch import save_file
 
-    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
 
     for name in ("config.json", "configuration_minimax_m2.py"):
         (tmp_path / name).write_bytes((tiny_minimax_m2 / name).read_bytes())
@@ -384,7 +384,7 @@ def test_gated_delta_net_layouts_shard_and_round_trip_exactly(tp: int) -> None:
 
 def test_published_qwen3_next_config_builds_its_megatron_config(tmp_path: Path, megatron_world) -> None:
     """Qwen3-Next-80B-A3B's config.json: 48 layers, every 4th full attention, 512 experts with a gated shared expert."""
-    from slime_like.megatron.model import make_bridge
+    from slime_like.trainer.megatron.model import make_bridge
 
     source = Path(__file__).parents[2] / "tools" / "hf_configs" / "qwen3-next-80B-A3B.json"
     (tmp_path / "config.json").write_text(source.read_text())
@@ -397,8 +397,8 @@ def test_published_qwen3_next_config_builds_its_megatron_config(tmp_path: Path, 
 
 def test_qwen3_next_trains(tiny_qwen3_next: Path, megatron_world) -> None:
     """Optimizer steps on packed micro-batches: the loss falls and the gated delta net's own weights move."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
     engine = MegatronTrainEngine(tiny_qwen3_next, OptimizerSettings(lr=1e-2), max_tokens_per_micro_batch=40)
@@ -420,7 +420,7 @@ def test_qwen3_5_text_model_matches_transformers_and_exports_bit_exactly(
     vision tower is not built, and a full export hands its tensors on unchanged."""
     import transformers
 
-    from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
+    from slime_like.trainer.megatron.model import export_hf_weights, untrained_hf_weights
 
     hf_dir = make_qwen3_5(tmp_path / "tiny", tiny_qwen3, moe=moe)
     bridge, model = _megatron_model(hf_dir)
@@ -443,7 +443,7 @@ def test_qwen3_5_text_model_matches_transformers_and_exports_bit_exactly(
 
 def test_published_minimax_m2_config_builds_its_megatron_config(tmp_path: Path, megatron_world) -> None:
     """MiniMax-M2's config.json as published (custom config code, rotary_dim, FP8): the Megatron model it describes."""
-    from slime_like.megatron.model import make_bridge
+    from slime_like.trainer.megatron.model import make_bridge
     from tools.reference_configs import write_reference_config
 
     bridge = make_bridge(write_reference_config("minimax-m2", tmp_path / "minimax-m2"), torch.bfloat16)

@@ -20,7 +20,7 @@ def tiny_glm_moe_dsa(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def megatron_glm5(tiny_glm_moe_dsa: Path, megatron_world):
-    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
 
     bridge = make_bridge(tiny_glm_moe_dsa, torch.float32)
     model = build_model(bridge, wrap_with_ddp=False)
@@ -65,7 +65,7 @@ def test_logits_match_transformers(length: int, tiny_glm_moe_dsa: Path, megatron
 def test_export_is_bit_exact(tiny_glm_moe_dsa: Path, megatron_glm5) -> None:
     from safetensors.torch import load_file
 
-    from slime_like.megatron.model import export_hf_weights, untrained_hf_weights
+    from slime_like.trainer.megatron.model import export_hf_weights, untrained_hf_weights
 
     bridge, model = megatron_glm5
     exported, untrained = dict(export_hf_weights(bridge, model)), dict(untrained_hf_weights(bridge))
@@ -99,7 +99,7 @@ def test_interleaved_indexer_rope_rotates_pairs() -> None:
     dimensions turns by its frequency, up to an order q and k share; the rest of the head is untouched."""
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 
-    from slime_like.megatron.dsa import HFLayoutIndexer
+    from slime_like.trainer.megatron.dsa import HFLayoutIndexer
 
     g = torch.Generator().manual_seed(0)
     rope, dim, s = 8, 16, 5
@@ -121,7 +121,7 @@ def test_interleaved_indexer_rope_rotates_pairs() -> None:
 
 def test_torch_hadamard_rotation_is_orthonormal() -> None:
     """The CPU stand-in for fast_hadamard_transform: x @ H / sqrt(d), H the Sylvester-Hadamard matrix."""
-    from slime_like.megatron.dsa import torch_rotate_activation
+    from slime_like.trainer.megatron.dsa import torch_rotate_activation
 
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = torch_rotate_activation(x)
@@ -134,8 +134,8 @@ def test_torch_hadamard_rotation_is_orthonormal() -> None:
 def test_glm5_trains(tiny_glm_moe_dsa: Path, megatron_world) -> None:
     """Optimizer steps on packed micro-batches: the loss falls and MLA weights move; the indexer, whose inputs are
     detached and whose KL loss is off, keeps its checkpoint weights."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
     from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
     engine = MegatronTrainEngine(tiny_glm_moe_dsa, OptimizerSettings(lr=1e-2), max_tokens_per_micro_batch=40)
@@ -153,7 +153,7 @@ def test_glm5_trains(tiny_glm_moe_dsa: Path, megatron_world) -> None:
 
 def test_published_glm5_config_builds_its_megatron_config(tmp_path: Path, megatron_world) -> None:
     """GLM-5's config.json: 78 MLA layers with a 32-head indexer picking 2048 keys, 3 dense layers, 256 experts."""
-    from slime_like.megatron.model import make_bridge
+    from slime_like.trainer.megatron.model import make_bridge
 
     source = Path(__file__).parents[2] / "tools" / "hf_configs" / "glm5-744B-A40B.json"
     (tmp_path / "config.json").write_text(source.read_text())
@@ -170,7 +170,7 @@ def test_shared_topk_layers_are_refused() -> None:
     """Cross-layer top-k sharing (index_topk_freq > 1) has no megatron-core module: refused, naming the layers."""
     from types import SimpleNamespace
 
-    from slime_like.megatron.dsa import dsa_config_args
+    from slime_like.trainer.megatron.dsa import dsa_config_args
 
     hf = SimpleNamespace(num_hidden_layers=4, indexer_types=["full", "shared", "full", "shared"])
     with pytest.raises(ValueError, match=r"layers \[1, 3\] of the HF config reuse"):
@@ -179,7 +179,7 @@ def test_shared_topk_layers_are_refused() -> None:
 
 def test_selective_core_attention_recompute_is_refused(tiny_glm_moe_dsa: Path, megatron_world) -> None:
     """MLA's checkpointed core attention would call DSA without the indexer's inputs: refused, naming the flag."""
-    from slime_like.megatron.model import make_bridge
+    from slime_like.trainer.megatron.model import make_bridge
 
     with pytest.raises(ValueError, match="--recompute-granularity selective with core_attn"):
         make_bridge(tiny_glm_moe_dsa, torch.float32, recompute_granularity="selective")
@@ -192,7 +192,7 @@ def test_interleaved_indexer_rope_matches_transformers_on_reordered_rows(
     halves: transformers given each indexer head's rope rows reordered evens-then-odds rotates the same pairs."""
     import transformers
 
-    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
 
     hf_dir = make_glm_moe_dsa(tmp_path / "interleaved", tiny_qwen3, rope_interleave=True)
     bridge = make_bridge(hf_dir, torch.float32)

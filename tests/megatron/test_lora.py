@@ -19,9 +19,9 @@ WORKER = Path(__file__).with_name("lora_worker.py")
 def lora_run(hf_dir: Path, adapter_dir: Path) -> dict:
     """After init_parallel: base log-probs, a LoRA engine's log-probs before and after two steps, its parameters
     before and after, and its PEFT export in adapter_dir (shared with the TP=2 worker)."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     seqs = fixed_batch()
     base = MegatronTrainEngine(hf_dir, None).forward_logprobs(seqs)
@@ -80,7 +80,7 @@ def test_peft_export_gives_the_same_logprobs_and_loads_back(run, tiny_qwen3, tmp
     directory = engine.save_adapter(tmp_path / "adapter")
     hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32)
     model = PeftModel.from_pretrained(hf, str(directory)).eval()
-    from slime_like.megatron.cpu_compat import cuda_to_cpu
+    from slime_like.trainer.megatron.cpu_compat import cuda_to_cpu
 
     tokens = torch.randint(0, 512, (2, 23), generator=torch.Generator().manual_seed(1))
     mask = ~torch.ones(23, 23, dtype=torch.bool).tril()[None, None].expand(2, 1, 23, 23)
@@ -92,8 +92,8 @@ def test_peft_export_gives_the_same_logprobs_and_loads_back(run, tiny_qwen3, tmp
             logprobs = model(seq[None]).logits[0].log_softmax(-1)[:-1].gather(1, seq[1:, None])[:, 0]
             torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
     # The adapter loads back into a fresh LoRA engine exactly.
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
 
     fresh = MegatronTrainEngine(tiny_qwen3, None, lora=LoraSettings(RANK, ALPHA, targets=_ALL, seed=7))
     fresh.load_adapter(directory)
@@ -104,8 +104,8 @@ def test_peft_export_gives_the_same_logprobs_and_loads_back(run, tiny_qwen3, tmp
 
 
 def test_moe_experts_are_refused_with_the_fix(tiny_qwen3_moe, megatron_world) -> None:
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
 
     with pytest.raises(ValueError, match="mixture-of-experts layer.*linear_qkv,linear_proj"):
         MegatronTrainEngine(tiny_qwen3_moe, None, lora=LoraSettings(RANK, ALPHA, targets=_ALL))
@@ -129,8 +129,8 @@ def test_tp2_matches_one_process(run, tiny_qwen3, tmp_path) -> None:
     for key, tensor in mine.items():
         torch.testing.assert_close(theirs[key], tensor, atol=1e-5, rtol=0, msg=key)
     # The TP=2 torch_dist checkpoint (split adapters, fc1's B in gate and up halves) loads at TP=1.
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
 
     resumed = MegatronTrainEngine(tiny_qwen3, None, lora=LoraSettings(RANK, ALPHA, targets=_ALL, seed=7))
     resumed.load_model_weights(checkpoint)

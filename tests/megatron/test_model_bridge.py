@@ -15,7 +15,7 @@ def _hf_model(hf_dir):
 
 
 def _megatron_model(hf_dir):
-    from slime_like.megatron.model import build_model, load_hf_weights, make_bridge
+    from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
 
     bridge = make_bridge(hf_dir, torch.float32)
     model = build_model(bridge, wrap_with_ddp=False)
@@ -39,7 +39,7 @@ def test_logits_match_transformers(fixture, request, megatron_world):
 
 @pytest.mark.parametrize("fixture", MODELS)
 def test_export_round_trip_is_bit_exact(fixture, request, megatron_world):
-    from slime_like.megatron.model import export_hf_weights
+    from slime_like.trainer.megatron.model import export_hf_weights
 
     hf_dir = request.getfixturevalue(fixture)
     bridge, model = _megatron_model(hf_dir)

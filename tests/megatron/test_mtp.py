@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.megatron.engine import MegatronTrainEngine
-from slime_like.megatron.optimizer import OptimizerSettings
+from slime_like.trainer.megatron.engine import MegatronTrainEngine
+from slime_like.trainer.megatron.optimizer import OptimizerSettings
 from tests.megatron.test_families import safetensors_of
 from tests.megatron.tiny_families import make_mimo
 
@@ -90,7 +90,7 @@ def _reference_mtp(hf_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_mtp_layer_loads_and_exports_bit_exactly(tiny_mimo_mtp: Path, megatron_world) -> None:
-    from slime_like.megatron.model import untrained_hf_weights
+    from slime_like.trainer.megatron.model import untrained_hf_weights
 
     engine = _engine(tiny_mimo_mtp, mtp=True)
     exported = dict(engine.export_hf_weights())
@@ -191,7 +191,7 @@ def test_mtp_step_is_the_same_at_tp2_and_dp2(tiny_mimo_mtp: Path, tmp_path: Path
 
 
 def test_mtp_names_under_transformer_engine() -> None:
-    from slime_like.megatron.families import template
+    from slime_like.trainer.megatron.families import template
 
     name = "mtp.layers.0.transformer_layer.self_attention.linear_qkv.layer_norm_weight"
     assert template(name) == ("mtp.layers.{layer}.transformer_layer.input_layernorm.weight", 0, None)
@@ -203,7 +203,7 @@ def test_trainer_rank_logs_mtp_losses_as_slime(
 ) -> None:
     import os
 
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
     from tests.megatron.algo_common import actor_args, make_data
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

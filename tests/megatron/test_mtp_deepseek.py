@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from slime_like.megatron.engine import MegatronTrainEngine
+from slime_like.trainer.megatron.engine import MegatronTrainEngine
 from tests.megatron.test_families import safetensors_of
 from tests.megatron.test_mtp import FACTOR, SEQUENCES, _engine, _main_grads, _policy_loss, _rows
 from tests.megatron.tiny_families import _add_mtp_layer, make_deepseek_v3, make_glm4_moe, make_glm4_moe_lite
@@ -98,7 +98,7 @@ def _reference_mtp(hf_dir: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
 def test_mtp_layer_loads_and_exports_bit_exactly(
     family: str, attention: str, mtp: str, tiny_glm_mtp: Path, tiny_qwen3: Path, tmp_path: Path, megatron_world
 ) -> None:
-    from slime_like.megatron.model import untrained_hf_weights
+    from slime_like.trainer.megatron.model import untrained_hf_weights
 
     if family == "glm4_moe_lite":
         hf_dir = tiny_glm_mtp
@@ -150,7 +150,7 @@ def test_mtp_loss_and_gradient_match_deepseek_formula(tiny_glm_mtp: Path, megatr
 def test_mtp_layer_routes_itself_under_routing_replay(tiny_glm_mtp: Path, megatron_world) -> None:
     """Replaying the main layers' own routing (what SGLang returns: main layers only) takes the step of a free run;
     the MTP layer's router is not among the replaying ones."""
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     free = _engine(tiny_glm_mtp, mtp=True)
     replaying = MegatronTrainEngine(

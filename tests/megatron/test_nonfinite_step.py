@@ -14,8 +14,8 @@ from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 @pytest.fixture
 def engine(tiny_qwen3, megatron_world):
     """A fresh engine (training changes its weights)."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     return MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=40)
 
@@ -39,7 +39,7 @@ def test_nonfinite_loss_or_gradient_skips_the_step(engine, caplog: pytest.LogCap
     before = weights(engine)
     lr = engine.optimizer.param_groups[0]["lr"]
     for n, loss_fn in enumerate((nan_loss, nan_gradient), start=1):
-        with caplog.at_level(logging.WARNING, logger="slime_like.megatron.engine"):
+        with caplog.at_level(logging.WARNING, logger="slime_like.trainer.megatron.engine"):
             m = engine.train_step(seqs, [None] * len(seqs), loss_fn)
         assert m["update_successful"] == 0.0 and m["skipped_steps"] == 1.0 and math.isnan(m["grad_norm"])
         assert engine.skipped_steps_total == n and f"{n} step(s) skipped so far" in caplog.text

@@ -22,9 +22,9 @@ def _states(engine) -> list[dict[str, torch.Tensor]]:
 def test_materialized_state_trains_bit_identically(
     tiny_qwen3: Path, megatron_world: None, dtype: torch.dtype, distributed: bool
 ) -> None:
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.offload import materialize_optimizer_state
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.offload import materialize_optimizer_state
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     settings = OptimizerSettings(lr=1e-3, weight_decay=0.01, use_distributed_optimizer=distributed)
     lazy, eager = (MegatronTrainEngine(tiny_qwen3, settings, max_tokens_per_micro_batch=40, dtype=dtype) for _ in "ab")

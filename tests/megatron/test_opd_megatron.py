@@ -15,7 +15,7 @@ from tools import convert_hf_to_torch_dist
 
 @pytest.fixture
 def make_actor(tiny_qwen3: Path, megatron_world: None, monkeypatch: pytest.MonkeyPatch):
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))  # TrainActor sets them; restored after the test
@@ -36,7 +36,7 @@ def hf_log_probs(hf_dir: Path, tokens: list[list[int]]) -> list[torch.Tensor]:
 
 
 def test_teacher_from_its_checkpoint_gives_the_reverse_kl(make_actor, tiny_qwen3: Path, tmp_path: Path) -> None:
-    from slime_like.megatron.checkpoint_conversion import copy_model_files, write_safetensors
+    from slime_like.trainer.megatron.checkpoint_conversion import copy_model_files, write_safetensors
 
     donor = make_actor()
     donor.train(0, make_data())  # other weights of the same architecture: the teacher

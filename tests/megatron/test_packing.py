@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_like.megatron.engine import choose_layout
-from slime_like.megatron.packing import pack, pad_multiple, split_for_dp, split_micro_batches
+from slime_like.trainer.megatron.engine import choose_layout
+from slime_like.trainer.megatron.packing import pack, pad_multiple, split_for_dp, split_micro_batches
 from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
 
@@ -90,8 +90,8 @@ def test_layout_choice_follows_the_attention_kernel(monkeypatch):
 @pytest.fixture
 def engine(tiny_qwen3, megatron_world):
     """A fresh engine (training changes its weights)."""
-    from slime_like.megatron.engine import MegatronTrainEngine
-    from slime_like.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     return MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=40)
 
@@ -114,7 +114,7 @@ def _reference(hf_dir, seqs, entropy_coef: float = 0.0):
 
 def test_packed_logprobs_match_separate_forwards_and_transformers(engine, tiny_qwen3):
     seqs = fixed_batch()
-    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
 
     packed, entropy = engine.forward_logprobs(seqs, with_entropy=True)
     # A forward-only engine (no DDP, no optimizer) with one sequence per micro-batch.
@@ -131,7 +131,7 @@ def test_packed_logprobs_match_separate_forwards_and_transformers(engine, tiny_q
 
 def test_padded_layout_logprobs_match_packed(engine, tiny_qwen3):
     """The padded fallback on the local spec (explicit right-padded causal mask) gives the packed results."""
-    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
 
     seqs = fixed_batch()
     padded = MegatronTrainEngine(tiny_qwen3, max_tokens_per_micro_batch=40, layout="padded")

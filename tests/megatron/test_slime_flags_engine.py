@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.megatron.flags import model_config_overrides, optimizer_settings
+from slime_like.trainer.megatron.flags import model_config_overrides, optimizer_settings
 
 
 def test_flags_reach_megatron(tiny_qwen3: Path, megatron_world: None) -> None:
     from megatron.core.utils import get_model_config
 
-    from slime_like.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
 
     args = Namespace(
         recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1, recompute_modules=None,
@@ -65,7 +65,7 @@ def test_slime_tis_hook_and_loss_flags_in_a_real_step(
 ) -> None:
     import os
 
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
     from tests.megatron.algo_common import actor_args, make_data
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -18,7 +18,7 @@ PLUGINS = Path(__file__).resolve().parents[1] / "integration"
 
 @pytest.fixture
 def make_actor(tiny_qwen3: Path, megatron_world: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))  # TrainActor sets them; restored after the test

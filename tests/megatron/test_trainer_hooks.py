@@ -44,7 +44,7 @@ def hooks(tmp_path: Path):
 
 
 def test_hooks_are_called_as_slime_calls_them(hooks, tiny_qwen3: Path, megatron_world: None, monkeypatch) -> None:
-    from slime_like.actor import TrainActor
+    from slime_like.trainer.actor import TrainActor
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))

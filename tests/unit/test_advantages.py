@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from slime_like.algorithms.advantages import AdvantageInputs, Advantages, compute_advantages
-from slime_like.algorithms.dapo import overlong_penalty
-from slime_like.algorithms.grpo import grpo_advantages, normalize_group_rewards
-from slime_like.algorithms.ppo import gae, value_loss
-from slime_like.algorithms.reinforce_pp import reinforce_pp_advantages
-from slime_like.algorithms.returns import discounted_returns, masked_whiten, shaped_token_rewards
-from slime_like.algorithms.rloo import rloo_advantages
+from slime_like.trainer.algorithms.advantages import AdvantageInputs, Advantages, compute_advantages
+from slime_like.trainer.algorithms.dapo import overlong_penalty
+from slime_like.trainer.algorithms.grpo import grpo_advantages, normalize_group_rewards
+from slime_like.trainer.algorithms.ppo import gae, value_loss
+from slime_like.trainer.algorithms.reinforce_pp import reinforce_pp_advantages
+from slime_like.trainer.algorithms.returns import discounted_returns, masked_whiten, shaped_token_rewards
+from slime_like.trainer.algorithms.rloo import rloo_advantages
 
 EPS = 1e-6  # GRPO's std epsilon
 

@@ -50,9 +50,9 @@ def test_missing_checkpoint(base: list[str], tmp_path: Path, capsys: pytest.Capt
 
 
 def test_sequence_parallel_flag_and_its_checks(base: list[str], capsys: pytest.CaptureFixture) -> None:
-    from slime_like.megatron.cpu_compat import transformer_engine_available
-    from slime_like.megatron.parallel import check_sequence_parallel
-    from slime_like.training_arguments import validate_megatron_args
+    from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
+    from slime_like.trainer.megatron.parallel import check_sequence_parallel
+    from slime_like.trainer.training_arguments import validate_megatron_args
 
     args = parse_args(
         base + ["--sequence-parallel", "--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"]

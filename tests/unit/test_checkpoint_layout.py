@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from slime_like.arguments import parse_args
-from slime_like.megatron import checkpoint_layout as layout
-from slime_like.megatron.checkpoint_layout import CheckpointError, find_checkpoint
 from slime_like.run import Run
+from slime_like.trainer.megatron import checkpoint_layout as layout
+from slime_like.trainer.megatron.checkpoint_layout import CheckpointError, find_checkpoint
 
 
 def fake_megatron_files(directory: Path) -> None:

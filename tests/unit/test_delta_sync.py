@@ -1,5 +1,5 @@
 """Delta weight sync without servers: the encodings and checksums on hand-built bytes, and the trainer's publisher
-(slime_like/weights/delta.py) against the host-side apply (rollout/delta_pull.py) on a small safetensors checkpoint."""
+(slime_like/trainer/weights/delta.py) against the host-side apply (rollout/delta_pull.py) on a small safetensors checkpoint."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from rollout import delta_format as fmt
 from rollout import delta_pull
-from slime_like.weights.delta import DeltaDiskTransport
+from slime_like.trainer.weights.delta import DeltaDiskTransport
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from buffer.train_data import RankShare, TrainData, balanced_split, split_by_dp
-from slime_like.algorithms.advantages import AdvantageInputs, RolloutScope, compute_advantages
-from slime_like.algorithms.aggregation import token_weights
+from slime_like.trainer.algorithms.advantages import AdvantageInputs, RolloutScope, compute_advantages
+from slime_like.trainer.algorithms.aggregation import token_weights
 
 # Three prompts: groups of 4, 3 and 1 samples; response lengths chosen so that the balanced split puts samples
 # of one group on different ranks.

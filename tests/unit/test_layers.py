@@ -15,13 +15,7 @@ LAYERS = {
     "slime_like.core": 0,
     "buffer": 1,
     "rollout": 2,
-    "slime_like.megatron": 3,
-    "slime_like.algorithms": 3,
-    "slime_like.weights": 3,
-    "slime_like.actor": 3,
-    "slime_like.model_arguments": 3,
-    "slime_like.training_arguments": 3,
-    "slime_like.trainer_hooks": 3,
+    "slime_like.trainer": 3,  # Megatron ranks, algorithms, weight updates, their flags
     "plugins": 4,
     # Adapters for plugins written for slime, imported (as `slime`) only by the loader's finder, by name.
     "slime_like.compat": 4,
@@ -122,7 +116,7 @@ def test_the_check_sees_a_violation() -> None:
     graph = import_graph()
     assert any("slime_like.core.sample" in targets for targets in graph.values())
     assert layer("slime_like.core.sample") < layer("buffer.buffer") < layer("rollout.manager")
-    assert layer("rollout.manager") < layer("slime_like.weights.base") < layer("plugins.tool_agent")
+    assert layer("rollout.manager") < layer("slime_like.trainer.weights.base") < layer("plugins.tool_agent")
     assert layer("plugins.tool_agent") < layer("slime_like.run")
 
 

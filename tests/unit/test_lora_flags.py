@@ -10,7 +10,7 @@ import pytest
 from rollout.generate import with_adapter
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
-from slime_like.megatron.lora_flags import resolve_targets
+from slime_like.trainer.megatron.lora_flags import resolve_targets
 
 
 def test_targets_take_megatron_hf_and_all_linear_names() -> None:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from slime_like.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
+from slime_like.trainer.algorithms.loss import custom_loss_fn, policy_loss_fn, sft_loss_fn, value_loss_fn
 from tests.loss_rows import loss_rows
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slime_like.arguments import parse_args
-from slime_like.megatron.flags import mtp_config_problems, mtp_engine_args, no_effect_flags
+from slime_like.trainer.megatron.flags import mtp_config_problems, mtp_engine_args, no_effect_flags
 from tests.unit.test_slime_flags import SLIME_MODEL_FILES
 from tools.reference_configs import write_reference_config
 
@@ -88,7 +88,7 @@ def test_mtp_training_refused(
 
 
 def test_mtp_config_problems(mimo: Path, tmp_path: Path) -> None:
-    from slime_like.model_arguments import read_hf_config
+    from slime_like.trainer.model_arguments import read_hf_config
 
     on = Namespace(enable_mtp_training=True)
     assert mtp_config_problems(on, read_hf_config(str(mimo))) == []

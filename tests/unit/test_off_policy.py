@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from slime_like.algorithms.aggregation import token_weights
-from slime_like.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
+from slime_like.trainer.algorithms.aggregation import token_weights
+from slime_like.trainer.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
 
 
 def _log(*ratios: float) -> torch.Tensor:

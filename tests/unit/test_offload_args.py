@@ -11,7 +11,7 @@ import torch
 
 from slime_like.arguments import parse_args, resolve_offload_train
 from slime_like.core.errors import ArgumentError
-from slime_like.megatron.offload import TrainerOffload
+from slime_like.trainer.megatron.offload import TrainerOffload
 
 CUDA = torch.cuda.is_available()
 HAVE_SAVER = importlib.util.find_spec("torch_memory_saver") is not None
@@ -60,7 +60,7 @@ def test_offload_needs_colocate(base: list[str], capsys: pytest.CaptureFixture[s
 
 @cpu_only
 def test_cpu_offload_does_nothing_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="slime_like.megatron.offload"):
+    with caplog.at_level(logging.INFO, logger="slime_like.trainer.megatron.offload"):
         memory = TrainerOffload(True)
         with memory.region():
             weights = torch.ones(1000)
@@ -73,7 +73,7 @@ def test_cpu_offload_does_nothing_and_says_so_once(caplog: pytest.LogCaptureFixt
 
 
 def test_not_requested_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="slime_like.megatron.offload"):
+    with caplog.at_level(logging.INFO, logger="slime_like.trainer.megatron.offload"):
         memory = TrainerOffload(False)
         assert memory.offload() == {} and memory.onload() == {}
     assert memory.enabled is False and not caplog.records

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_like.algorithms.opd import opd_advantages
+from slime_like.trainer.algorithms.opd import opd_advantages
 
 
 def test_the_penalty_is_the_scaled_reverse_kl_per_token() -> None:
@@ -31,7 +31,7 @@ def test_opd_comes_after_the_estimator_and_before_normalisation() -> None:
     """grpo without std: A = r - mean over the group = [0.5, -0.5]; then the teacher's penalty (c = 1)."""
     from argparse import Namespace
 
-    from slime_like.algorithms.advantages import AdvantageInputs, compute_advantages
+    from slime_like.trainer.algorithms.advantages import AdvantageInputs, compute_advantages
 
     args = Namespace(advantage_estimator="grpo", disable_grpo_std_normalization=True, normalize_advantages=False,
                      kl_coef=0.0, use_opd=True, opd_kl_coef=1.0)  # fmt: skip

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from slime_like.algorithms.cispo import cispo_loss
-from slime_like.algorithms.gspo import gspo_loss
-from slime_like.algorithms.kl import kl_estimate
-from slime_like.algorithms.policy_loss import ppo_clip_loss
+from slime_like.trainer.algorithms.cispo import cispo_loss
+from slime_like.trainer.algorithms.gspo import gspo_loss
+from slime_like.trainer.algorithms.kl import kl_estimate
+from slime_like.trainer.algorithms.policy_loss import ppo_clip_loss
 
 
 def test_ppo_clip_both_sides_hand_computed() -> None:

@@ -1,4 +1,4 @@
-"""The RL step's arithmetic (slime_like/algorithms/rl_step.py) without Ray or Megatron: a hand-built rollout of
+"""The RL step's arithmetic (slime_like/trainer/algorithms/rl_step.py) without Ray or Megatron: a hand-built rollout of
 two groups, the old policy's log-probs given, advantages, rows, step weights, loss and metrics checked by hand."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from buffer.train_data import RankShare, TrainData, split_by_dp
-from slime_like.algorithms.advantages import AdvantageInputs
-from slime_like.algorithms.loss import policy_loss_fn
-from slime_like.algorithms.rl_step import Forwards, OneRank, RLStep
-from slime_like.algorithms.rows import apply_slime_lists, slime_lists
-from slime_like.algorithms.slime_contract import slime_advantage_hook, slime_batch
-from slime_like.algorithms.step_hooks import StepHooks
+from slime_like.trainer.algorithms.advantages import AdvantageInputs
+from slime_like.trainer.algorithms.loss import policy_loss_fn
+from slime_like.trainer.algorithms.rl_step import Forwards, OneRank, RLStep
+from slime_like.trainer.algorithms.rows import apply_slime_lists, slime_lists
+from slime_like.trainer.algorithms.slime_contract import slime_advantage_hook, slime_batch
+from slime_like.trainer.algorithms.step_hooks import StepHooks
 
 
 def _args(**kw: Any) -> Namespace:

@@ -15,8 +15,8 @@ import torch
 
 from buffer.train_data import build_train_data
 from slime_like.core.sample import ROUTED_EXPERTS_KEY, Sample, Status, decode_routed_experts
-from slime_like.megatron.packing import pack
-from slime_like.megatron.routing_replay import align, assemble, filler, local_positions, router_order
+from slime_like.trainer.megatron.packing import pack
+from slime_like.trainer.megatron.routing_replay import align, assemble, filler, local_positions, router_order
 
 LAYERS, TOPK, EXPERTS = 3, 2, 8
 

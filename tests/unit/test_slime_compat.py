@@ -24,12 +24,12 @@ from rollout.context import RolloutContext
 from rollout.filters import apply_dynamic_filter
 from rollout.hooks import RolloutHooks
 from rollout.postprocess import finish_rollout
-from slime_like.algorithms.advantages import AdvantageInputs, compute_advantages
-from slime_like.algorithms.grpo import grpo_advantages
 from slime_like.core import slime_finder
 from slime_like.core.errors import PluginError
 from slime_like.core.plugin_loader import load_hook, plugin_contract
 from slime_like.core.sample import Sample, Status
+from slime_like.trainer.algorithms.advantages import AdvantageInputs, compute_advantages
+from slime_like.trainer.algorithms.grpo import grpo_advantages
 
 slime_finder.install()  # as the plugin loader does: `import slime` finds our package (no real slime here)
 

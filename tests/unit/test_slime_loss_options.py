@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_like.algorithms.loss import policy_loss_fn
-from slime_like.algorithms.opsm import opsm_keep
+from slime_like.trainer.algorithms.loss import policy_loss_fn
+from slime_like.trainer.algorithms.opsm import opsm_keep
 from tests.loss_rows import loss_rows
 
 HOOKS = '''

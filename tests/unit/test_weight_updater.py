@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from slime_like.core.errors import WeightUpdateError
-from slime_like.weights.base import WeightTransport, buckets, flat_size, flatten_into
-from slime_like.weights.updater import WeightUpdater
+from slime_like.trainer.weights.base import WeightTransport, buckets, flat_size, flatten_into
+from slime_like.trainer.weights.updater import WeightUpdater
 
 TENSORS = [("a", torch.arange(6.0).reshape(2, 3)), ("b", torch.arange(5, dtype=torch.bfloat16)), ("c", torch.ones(7))]
 
@@ -122,7 +122,7 @@ def test_buckets_and_flat_layout() -> None:
 def test_the_disk_transport_copies_every_file_but_the_weights(tmp_path) -> None:
     """Kimi-K2's config.json names custom code (auto_map) and its tokenizer is tiktoken: a written version must
     carry them, or SGLang cannot load it; the HF weights themselves are not copied (the update writes its own)."""
-    from slime_like.weights.disk import _model_files
+    from slime_like.trainer.weights.disk import _model_files
 
     names = ["config.json", "configuration_deepseek.py", "tiktoken.model", "tokenizer_config.json",
              "model-00001-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]  # fmt: skip

@@ -7,7 +7,7 @@ slime's reward function returns the teacher's whole answer as the sample's rewar
 log-probs out of it; ours stores them on the sample at once (`sample.teacher_log_probs`, the response tokens'
 only) and scores 0.0, so the reward stays a number for every check and metric on the way. The post-process then
 gives every sample slime's training reward, 0.0: the learning signal is the teacher's KL term
-(slime_like/algorithms/opd.py), unless a task reward is added by a post-process of the user's own.
+(slime_like/trainer/algorithms/opd.py), unless a task reward is added by a post-process of the user's own.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from slime_like.algorithms.kl import kl_estimate
+from slime_like.trainer.algorithms.kl import kl_estimate
 
 
 def compute_approx_kl(

@@ -1,0 +1,461 @@
+"""One trainer rank (a Ray actor): the Megatron policy (and, for PPO, critic) engines and the weight transports.
+
+A rollout's step: recompute the old policy's log-probs (and the reference's, the critic's values, the teacher's)
+on this rank's share of the rollout (buffer.train_data.RankShare: the rollout manager split the rollout, each
+step token-balanced over the ranks), turn them into rows with advantages and weights (the RL step's arithmetic:
+slime_like/trainer/algorithms/rl_step.py), then take one optimizer step per --global-batch-size chunk with the loss
+function of --loss-type (slime_like/trainer/algorithms/step_hooks.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from buffer.train_data import RankShare, TrainData, split_by_dp
+from slime_like.core.logs import setup_logging
+from slime_like.trainer.algorithms.loss import value_loss_fn
+from slime_like.trainer.algorithms.rl_step import Forwards, RLStep, every_sample
+from slime_like.trainer.algorithms.step_hooks import ADVANTAGE_FLAG, LOSS_FLAG, load_step_hooks
+from slime_like.trainer.hooks import load_trainer_hooks
+
+logger = logging.getLogger(__name__)
+
+
+def _response(full: list[torch.Tensor], lengths: list[int]) -> list[torch.Tensor]:
+    """The response part (last n entries) of per-sequence engine outputs."""
+    return [x[-n:] for x, n in zip(full, lengths, strict=True)]
+
+
+class TrainActor:
+    """A trainer rank; it trains on its data-parallel share of each rollout."""
+
+    def __init__(self, args: Any, rank: int, master_addr: str, master_port: int) -> None:
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(args.world_size),
+            LOCAL_RANK=str(rank % args.actor_num_gpus_per_node),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
+        # First, so that Megatron's import-time notes are logged (once per run: rank 0's console).
+        setup_logging("trainer", args.log_level, Path(args.output_dir) / "logs")
+        from slime_like.trainer.megatron.engine import MegatronTrainEngine
+        from slime_like.trainer.megatron.offload import TrainerOffload, materialize_optimizer_state
+        from slime_like.trainer.megatron.parallel import init_parallel
+
+        self.args = args
+        self.master_addr = master_addr  # kept: the environment may change after start (a caller restoring its own)
+        self.rank = rank
+        init_parallel(
+            args.tensor_model_parallel_size,
+            args.pipeline_model_parallel_size,
+            args.expert_model_parallel_size,
+            seed=args.seed,
+            cp=args.context_parallel_size,
+            sequence_parallel=args.sequence_parallel,
+            reloadable_groups=bool(getattr(args, "offload_train", False)) and torch.cuda.is_available(),
+        )
+        self.hooks = load_trainer_hooks(args)
+        if self.hooks.init is not None:
+            self.hooks.init(args)  # slime: after the parallel groups, before the model
+        from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
+        from slime_like.trainer.megatron.flags import model_config_overrides, mtp_engine_args
+        from slime_like.trainer.megatron.lora import lora_settings
+
+        common = {
+            "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
+            "dtype": torch.bfloat16 if args.bf16 else torch.float32,
+            # recompute, dropout and kernel flags (slime_like/trainer/megatron/flags.py) -> TransformerConfig
+            **model_config_overrides(args, transformer_engine_available(), torch.cuda.is_available()),
+        }
+        # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
+        self.memory = TrainerOffload(args.offload_train, rebuild_groups=True)
+        # MoE routing replay (slime_like/trainer/megatron/routing_replay.py): the policy's routers can take given experts.
+        replay = {"moe_enable_routing_replay": True} if getattr(args, "use_routing_replay", False) else {}
+        with self.memory.region():
+            self.engine = MegatronTrainEngine(
+                args.hf_checkpoint,
+                self._optimizer_settings(args.lr),
+                temperature=args.rollout_temperature,
+                **common,
+                **replay,
+                **mtp_engine_args(args),  # --enable-mtp-training: the MTP layers are built and trained
+                lora=lora_settings(args),  # --lora-rank: adapters trained on a frozen base (megatron/lora.py)
+            )
+            if getattr(args, "lora_adapter_path", None):
+                self.engine.load_adapter(args.lora_adapter_path)
+            from slime_like.trainer.megatron.lora_slots import adapter_slots
+
+            self.lora_slots = adapter_slots(self.engine, args)  # --multi-lora-adapter: one adapter per name
+            # PPO's critic: a second engine on the same ranks and parallel layout, the policy's trunk with a
+            # value head (mbridge's value model), its own optimizer and learning rate.
+            self.critic = None
+            if args.advantage_estimator == "ppo" and args.loss_type != "sft_loss":
+                critic_lr = args.critic_lr if args.critic_lr is not None else args.lr
+                self.critic = MegatronTrainEngine(
+                    args.hf_checkpoint, self._optimizer_settings(critic_lr), value_head=True, **common
+                )
+            # The reference policy is a frozen copy of the starting (or --ref-load) weights, swapped in for its forward.
+            self.ref_weights = self._reference_weights() if args.use_kl_loss or args.kl_coef else None
+            # --opd-type megatron: the teacher, the same architecture with other weights, is swapped in the same way.
+            self.teacher_weights = None
+            if getattr(args, "use_opd", False) and args.opd_type == "megatron":
+                self.teacher_weights = self._checkpoint_weights(args.opd_teacher_load, "--opd-teacher-load")
+            if self.memory.enabled:  # Adam's moments would otherwise appear at the first step, outside the region
+                for engine in (self.engine, self.critic):
+                    if engine is not None:
+                        materialize_optimizer_state(engine.optimizer)
+        # The loss and advantage hooks, slime's adapted to our contract once (step_hooks.py).
+        self.step_hooks = load_step_hooks(args)
+        self.loss_fn = self.step_hooks.loss_fn
+        self.slime_loss = self.step_hooks.follows_slime(LOSS_FLAG)
+        self.slime_advantage = self.step_hooks.follows_slime(ADVANTAGE_FLAG)
+        self.step = RLStep(args, self.step_hooks, DataParallel(self.engine.device))
+        # Entropy is only a metric unless the loss uses it: then it needs no [tokens, vocab] backward.
+        self.entropy_grad = args.loss_type == "custom_loss" or bool(args.entropy_coef)
+        self.transport = None
+        self.transport_urls: list[str] = []  # the servers the transport was made for
+
+    def _optimizer_settings(self, lr: float):
+        from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
+        from slime_like.trainer.megatron.flags import optimizer_settings
+
+        cuda = torch.cuda.is_available()
+        return optimizer_settings(self.args, lr, self.steps_per_rollout, cuda, transformer_engine_available())
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps per rollout (samples per rollout / --global-batch-size)."""
+        return self.args.rollout_batch_size * self.args.n_samples_per_prompt // self.args.global_batch_size
+
+    def _reference_weights(self) -> dict[str, torch.Tensor]:
+        """The KL reference: the weights of the --ref-load checkpoint, else the starting (--hf-checkpoint) ones."""
+        if not self.args.ref_load:
+            return self._snapshot()
+        return self._checkpoint_weights(self.args.ref_load, "--ref-load")
+
+    def _before_log_prob(self, store_prefix: str) -> None:
+        """--custom-megatron-before-log-prob-hook-path, with slime's store prefix of the forward that follows."""
+        if self.hooks.before_log_prob is not None:
+            self.hooks.before_log_prob(self.args, self.engine.model, store_prefix)
+
+    def _checkpoint_weights(self, path: str, flag: str) -> dict[str, torch.Tensor]:
+        """The model weights of the Megatron checkpoint at `path` (named by `flag`), read through the policy's
+        model, whose own weights are put back."""
+        from slime_like.trainer.megatron.checkpoint_layout import require_checkpoint
+
+        start = self._snapshot()
+        checkpoint = require_checkpoint(path, flag)
+        self.engine.load_model_weights(checkpoint.directory)
+        weights = self._snapshot()
+        self._load_weights(start)  # the policy starts where --hf-checkpoint (or a later --load) puts it
+        logger.info("%s weights: %s", flag, checkpoint.directory)
+        return weights
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {
+            k: v.detach().clone() for m in self.engine.model for k, v in m.state_dict().items() if torch.is_tensor(v)
+        }
+
+    def _forward_with_weights(self, weights: dict[str, torch.Tensor], tokens: list[list[int]]) -> list[torch.Tensor]:
+        """Log-probs of this rank's share under other weights (the reference), then put the current ones back."""
+        current = self._snapshot()
+        self._load_weights(weights)
+        try:
+            return self.engine.forward_logprobs(tokens, local=True)
+        finally:
+            self._load_weights(current)
+
+    def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for m in self.engine.model:
+                for k, v in m.state_dict().items():
+                    if k in weights and torch.is_tensor(v):
+                        v.copy_(weights[k])
+
+    def data_parallel(self) -> tuple[int, int, int]:
+        """(DP rank, DP size, the multiple sequence lengths are padded to in micro-batches): how the rollout side
+        splits a rollout for this rank (buffer.train_data.split_by_dp)."""
+        from megatron.core import parallel_state as mpu
+
+        multiple = self.engine.pad_multiple if self.engine.layout == "thd" else 1
+        return mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(), multiple
+
+    def train(self, rollout_id: int, data: RankShare | TrainData) -> dict[str, float]:
+        """Prepare this rank's share of the rollout (log-probs, values, advantages), then take this rollout's
+        optimizer steps. A whole rollout (TrainData) is split here as the rollout side would split it."""
+        share = data if isinstance(data, RankShare) else self._own_share(data)
+        dp_rank, dp_size, _ = self.data_parallel()
+        if (share.dp_rank, share.dp_size) != (dp_rank, dp_size):
+            raise ValueError(
+                f"trainer rank {self.rank} is data-parallel rank {dp_rank} of {dp_size}, but was handed the share of "
+                f"rank {share.dp_rank} of {share.dp_size}"
+            )
+        if len(share.rollout) == 0:  # every sample failed or was filtered out: nothing to learn from
+            logger.warning("rollout %d: no usable samples, no optimizer step", rollout_id)
+            return {}
+        if self.lora_slots is not None:  # multi-LoRA: each adapter steps on its own samples alone (lora_slots.py)
+            return self.lora_slots.train_each(share, partial(self._train_share, rollout_id))
+        return self._train_share(rollout_id, share)
+
+    def _train_share(self, rollout_id: int, share: RankShare) -> dict[str, float]:
+        """Prepare the share's rows (log-probs, values, advantages), then take its optimizer steps."""
+        start = time.monotonic()
+        sft = self.args.loss_type == "sft_loss"
+        if sft:
+            rows, metrics, routing = self.step.sft_rows(share), {}, None
+        else:
+            forwards, routing = self._forwards(share)
+            rows, metrics = self.step.rl_rows(share, forwards)
+        self.hooks.postprocess(self.args, rollout_id, share.data.tokens, rows)
+        # Loss tokens of every sample of the rollout: each step's aggregation counts its sequences and tokens.
+        counts = self.step.loss_tokens(share, rows)
+        prepare_time = time.monotonic() - start
+        # Critic warm-up: the first --num-critic-only-steps rollouts leave the policy as it is.
+        train_policy = rollout_id >= self.args.num_critic_only_steps
+        step_metrics: list[dict[str, float]] = []
+        for step_id, (bounds, idx) in enumerate(zip(share.step_bounds, share.steps, strict=True)):
+            tokens = [share.data.tokens[i] for i in idx]
+            step_rows = self.step.step_rows([rows[i] for i in idx], counts, bounds)
+            step: dict[str, float] = {}
+            if self.critic is not None:
+                out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args), local=True)
+                step.update({f"critic/{k}": v for k, v in out.items()})
+            if train_policy:
+                if self.hooks.before_train_step is not None:
+                    engine = self.engine
+                    hook = self.hooks.before_train_step
+                    hook(self.args, rollout_id, step_id, engine.model, engine.optimizer, engine.scheduler)
+                out = self.engine.train_step(
+                    tokens,
+                    step_rows,
+                    self.loss_fn,
+                    with_entropy=not sft,
+                    entropy_grad=self.entropy_grad,
+                    routing=None if routing is None else [routing[i] for i in idx],
+                    local=True,
+                    mtp_loss_masks=None if self.engine.mtp is None else self.engine.mtp.loss_masks(tokens, step_rows),
+                )
+                step.update({f"train/{k}": v for k, v in out.items()})
+            step_metrics.append(step)
+        metrics.update(self.step.step_means(step_metrics))
+        metrics["time/logprob"] = prepare_time
+        metrics["time/train"] = time.monotonic() - start - prepare_time
+        return metrics
+
+    def _own_share(self, data: TrainData) -> RankShare:
+        """This rank's share of a whole rollout, split as the rollout manager splits it."""
+        dp_rank, dp_size, multiple = self.data_parallel()
+        return split_by_dp(data, dp_size, self.args.global_batch_size, multiple)[dp_rank]
+
+    def _forwards(self, share: RankShare) -> tuple[Forwards, list[Any] | None]:
+        """The engines' forwards of this rank's share (old and reference log-probs, the critic's values, the
+        teacher's log-probs), and the routing the training forwards replay (None: no routing replay)."""
+        args, data = self.args, share.data
+        lengths = data.response_lengths
+        # Routing replay, as slime: R3 replays the rollout's experts in the old-policy and training forwards;
+        # --use-routing-replay records the old-policy forward's and replays them in training. Ref and critic route.
+        routing = self._rollout_routing(share) if getattr(args, "use_rollout_routing_replay", False) else None
+        self._before_log_prob("")
+        if getattr(args, "use_routing_replay", False) and routing is None:
+            old_full, routing = self.engine.forward_logprobs_and_routing(data.tokens, local=True)
+        else:
+            old_full = self.engine.forward_logprobs(data.tokens, routing=routing, local=True)
+        old_lp = _response(old_full, lengths)
+        ref_lp = None
+        if self.ref_weights is not None:
+            self._before_log_prob("ref_")
+            ref_lp = _response(self._forward_with_weights(self.ref_weights, data.tokens), lengths)
+        values = None
+        if self.critic is not None:
+            values = _response(self.critic.forward_values(data.tokens, local=True), lengths)
+        teacher = self._teacher_log_probs(share) if args.use_opd else None
+        return Forwards(old_lp, ref_lp, values, teacher), routing
+
+    def _teacher_log_probs(self, share: RankShare) -> list[torch.Tensor]:
+        """--use-opd: this rank's samples' teacher log-probs (--opd-type megatron: the teacher's forward here; sglang:
+        from the samples), or an error saying which samples have none."""
+        if self.teacher_weights is not None:
+            data = share.data
+            self._before_log_prob("teacher_")
+            return _response(self._forward_with_weights(self.teacher_weights, data.tokens), data.response_lengths)
+        hint = (
+            "with --opd-type sglang, use --custom-rm-path slime.rollout.on_policy_distillation.reward_func with the "
+            "teacher's /generate URL as --rm-url"
+        )
+        teacher = every_sample(share, "teacher_log_probs", "--use-opd", hint)
+        return [torch.tensor(t, dtype=torch.float32) for t in teacher]
+
+    def _rollout_routing(self, share: RankShare) -> list[Any]:
+        """R3: this rank's samples' routed experts from SGLang, or an error saying which samples have none."""
+        hint = (
+            "a generate function must send return_routed_experts=True and keep the answer's "
+            "meta_info['routed_experts'] (Sample.append_response_tokens does)"
+        )
+        return every_sample(share, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
+
+    def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
+        """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the
+        gather), retrying and falling back as the weight-update flags say; optionally check the result."""
+        start = time.monotonic()
+        if self.transport is not None and server_urls != self.transport_urls:  # an engine was restarted
+            self.transport.close()
+            self.transport = None
+        if self.transport is None:
+            self.transport = self._make_transport(server_urls, transport, output_dir)
+            self.transport_urls = list(server_urls)
+        # --fully-async pauses with its mode (requests stay in flight); every other loop drains (abort).
+        mode = self.args.pause_generation_mode if self.args.fully_async else "abort"
+        # A LoRA run sends its adapter only: the servers keep the base they started with (weights/lora.py).
+        export = self.engine.export_adapter if self.engine.lora is not None else self.engine.export_hf_weights
+        if self.lora_slots is not None:  # multi-LoRA: the adapters that changed since the servers got them
+            export = partial(self.lora_slots.export, sorted(self.lora_slots.changed))
+        used = self.transport.update(export, version, mode)
+        if self.lora_slots is not None:
+            self.lora_slots.changed.clear()
+        if self.args.check_weight_update:
+            worst = self.check_weights(server_urls, f"after the update to version {version}")
+            logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
+        return time.monotonic() - start
+
+    def check_weights(self, server_urls: list[str], when: str) -> float:
+        """Compare a probe's log-probs on every server with this trainer's (--check-weight-update); the largest
+        difference, or WeightUpdateError naming the server, the difference and both precisions."""
+        from slime_like.trainer.weights.check import check_servers
+
+        tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
+        if self.lora_slots is None:
+            return check_servers(self.engine, server_urls, tolerance, self.rank, when)
+        worst = 0.0
+        for name in self.lora_slots.names:  # multi-LoRA: each adapter against the servers' adapter of that name
+            self.lora_slots.activate(name)
+            worst = max(worst, check_servers(self.engine, server_urls, tolerance, self.rank, f"{when} ({name})", name))
+        return worst
+
+    def _make_transport(self, server_urls: list[str], kind: str, output_dir: str):
+        """A WeightUpdater with `kind` as the transport and the --update-weight-fallback one behind it."""
+        from slime_like.trainer.weights.disk import DiskTransport
+        from slime_like.trainer.weights.distributed import DistributedTransport
+        from slime_like.trainer.weights.tensor import TensorTransport
+        from slime_like.trainer.weights.updater import WeightUpdater
+
+        args = self.args
+        size, timeout, tp = args.update_weight_buffer_size, args.update_weight_timeout, args.rollout_num_gpus_per_engine
+        if self.engine.lora is not None:  # no full-weight fallback: it would replace the base the adapter is for
+            from slime_like.trainer.weights.lora import LoraTransport, MultiLoraTransport
+
+            directory = os.path.join(output_dir, "lora")
+            settings = self.engine.lora
+            # multi-LoRA: each adapter under its name, from lora/<name>/v<N>/
+            kind_class = LoraTransport if self.lora_slots is None else MultiLoraTransport
+            factory = {
+                "lora": lambda: kind_class(server_urls, settings, args.hf_checkpoint, directory, timeout_s=timeout)
+            }
+            return WeightUpdater(factory, "lora", None, args.update_weight_retries, self.rank)
+        factories = {
+            # Rank 0's node address (MASTER_ADDR): engines on other nodes join the weight group there.
+            "distributed": lambda: DistributedTransport(
+                server_urls, size, tp_per_server=tp, master_address=self.master_addr, timeout_s=timeout
+            ),
+            "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
+            "disk": lambda: DiskTransport(server_urls, size, args.hf_checkpoint, disk_dir, timeout_s=timeout),
+        }
+        disk_dir = args.update_weight_disk_dir or os.path.join(output_dir, "weights")
+        if args.update_weight_local_checkpoint_dir:  # delta, or full versions pulled to host-local disks
+            from slime_like.trainer.weights.delta import make_delta_transport
+
+            factories["disk"] = lambda: make_delta_transport(args, server_urls, disk_dir)
+        fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
+        return WeightUpdater(factories, kind, fallback, args.update_weight_retries, self.rank)
+
+    def shutdown(self) -> None:
+        """Close the weight channel (servers leave its group), free the model and leave torch.distributed, before
+        the process exits and tears them down in an order that aborts."""
+        import torch.distributed as dist
+
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+        # The tensor transport moved the weights' storage to shared memory ("file_system" strategy): free it
+        # now, while torch's shared-memory manager still runs (at exit its socket is gone: "Broken pipe").
+        self.engine = self.critic = None
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def pid(self) -> int:
+        """This rank's process id (placement.json records it; an idle rank answers it as a liveness ping)."""
+        return os.getpid()
+
+    def touch(self, path: str) -> None:
+        """Create an empty file at `path` on this rank's node (the disk transport's shared-filesystem check)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).touch()
+
+    def offload(self) -> dict[str, float]:
+        """Colocated on GPU: move weights, gradient buffers and optimizer states off the GPU (servers generate)."""
+        return self.memory.offload()
+
+    def onload(self) -> dict[str, float]:
+        """Bring them back before log-probs and training; returns the memory accounting (empty when off)."""
+        return self.memory.onload()
+
+    def save(self, directory: str, iteration: int = 0) -> None:
+        """Megatron torch_dist checkpoint of model, optimizer and RNG into directory (the critic's in critic/)."""
+        from slime_like.trainer.megatron.checkpoint_layout import CRITIC_DIR
+
+        self.engine.save_checkpoint(directory, iteration)
+        if self.lora_slots is not None:  # multi-LoRA: every adapter in PEFT format, under lora/<name>/
+            self.lora_slots.save(Path(directory) / "lora")
+        if self.critic is not None:
+            self.critic.save_checkpoint(Path(directory) / CRITIC_DIR, iteration)
+
+    def load(self, directory: str, load_optimizer: bool = True, load_rng: bool = True) -> None:
+        """Load a torch_dist checkpoint: ours (the critic's from its critic/), or one of Megatron-LM or slime."""
+        from slime_like.trainer.megatron.checkpoint_layout import CRITIC_DIR
+
+        self.engine.load_checkpoint(directory, load_optimizer, load_rng)
+        if self.critic is None:
+            return
+        critic = Path(directory) / CRITIC_DIR
+        if critic.is_dir():
+            self.critic.load_checkpoint(critic, load_optimizer, load_rng=False)  # one RNG state: the policy's
+        else:
+            logger.info("%s holds no critic (%s/): the critic starts from --hf-checkpoint", directory, CRITIC_DIR)
+
+
+class DataParallel:
+    """The RL step's collectives (rl_step.Collectives) over this rank's data-parallel group."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def rows(self, share: RankShare, values: list[float]) -> list[float]:
+        """One number per sample of this rank's share -> one per sample of the rollout, in rollout order.
+
+        One all-reduce over the DP group of a vector that each rank fills at its own rows only: every entry is
+        one rank's number plus zeros, so the result is exact, and sums over it add in a single process's order."""
+        full = torch.zeros(len(share.rollout), dtype=torch.float64, device=self.device)
+        if share.rows:
+            full[share.rows] = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if share.dp_size > 1:
+            from megatron.core import parallel_state as mpu
+
+            torch.distributed.all_reduce(full, group=mpu.get_data_parallel_group())
+        return full.tolist()
+
+    def objects(self, obj: Any) -> list[Any]:
+        """`obj` of every DP rank, in rank order (all_gather_object)."""
+        from megatron.core import parallel_state as mpu
+
+        parts: list[Any] = [None] * mpu.get_data_parallel_world_size()
+        torch.distributed.all_gather_object(parts, obj, group=mpu.get_data_parallel_group())
+        return parts

@@ -1,0 +1,282 @@
+"""The RL step's arithmetic on one data-parallel rank's share of a rollout, apart from the engines that run it.
+
+Given the engines' forwards of the share (the old policy's log-probs, and the reference's, the critic's values,
+the teacher's), RLStep computes advantages (advantages.py), off-policy weights (off_policy.py) and mismatch
+metrics into one row per sample (rows.TrainRow), then each optimizer step's rows with their token weights of
+--loss-agg-mode (aggregation.py). The trainer rank (slime_like/trainer/actor.py) runs the forwards and the train steps.
+
+A rank holds only its share (buffer.train_data.RankShare) and the rollout-wide scalars. Group baselines come
+from those scalars; whatever sums over the whole rollout or step (whitening, the aggregation's counts, metrics)
+gathers one number per sample over the DP ranks into rollout order (Collectives.rows), so every rank adds the
+same numbers in the same order as a single process would. Log-probs never leave their rank, except for a custom
+advantage function, which sees the whole rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Any, Protocol
+
+import torch
+
+from buffer.train_data import RankShare
+from slime_like.trainer.algorithms.advantages import AdvantageInputs, Advantages, RolloutScope, compute_advantages
+from slime_like.trainer.algorithms.aggregation import token_weights
+from slime_like.trainer.algorithms.dapo import overlong_penalty
+from slime_like.trainer.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
+from slime_like.trainer.algorithms.rows import TrainRow
+from slime_like.trainer.algorithms.step_hooks import StepHooks
+
+
+class Collectives(Protocol):
+    """What the step needs of the data-parallel group."""
+
+    def rows(self, share: RankShare, values: list[float]) -> list[float]:
+        """One number per sample of `share` -> one per sample of the rollout, in rollout order (exact)."""
+        ...
+
+    def objects(self, obj: Any) -> list[Any]:
+        """`obj` of every DP rank, in rank order."""
+        ...
+
+
+class OneRank:
+    """The collectives of a data-parallel group of one rank."""
+
+    def rows(self, share: RankShare, values: list[float]) -> list[float]:
+        """This rank's numbers at their rows of the rollout, 0.0 elsewhere."""
+        full = [0.0] * len(share.rollout)
+        for row, value in zip(share.rows, values, strict=True):
+            full[row] = float(value)
+        return full
+
+    def objects(self, obj: Any) -> list[Any]:
+        """[obj]."""
+        return [obj]
+
+
+@dataclass
+class Forwards:
+    """The engines' outputs for a share's samples, each per sample over its response tokens."""
+
+    old_log_probs: list[torch.Tensor]
+    ref_log_probs: list[torch.Tensor] | None = None  # a KL term is on
+    values: list[torch.Tensor] | None = None  # ppo's critic
+    teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd
+
+
+def every_sample(share: RankShare, column: str, flag: str, hint: str) -> list[Any]:
+    """This rank's values of a per-sample column `flag` needs, or an error (the same on every rank: the check
+    reads the rollout-wide flags) naming the samples that lack it and how to fill it."""
+    whole = share.rollout
+    has = whole.has_teacher_log_probs if column == "teacher_log_probs" else whole.has_routed_experts
+    missing = [whole.sample_indices[i] for i, ok in enumerate(has) if not ok]
+    if missing:
+        raise ValueError(
+            f"{flag}: {len(missing)} of {len(whole)} samples have no {column} (sample indices {missing[:8]}): {hint}"
+        )
+    return getattr(share.data, column)
+
+
+class RLStep:
+    """Rows, step weights and metrics of one rank's share, for the run's arguments and step hooks."""
+
+    def __init__(self, args: Any, hooks: StepHooks, collectives: Collectives) -> None:
+        self.args = args
+        self.hooks = hooks
+        self.collectives = collectives
+
+    def sft_rows(self, share: RankShare) -> list[TrainRow]:
+        """An SFT step's rows: response lengths and loss masks."""
+        data = share.data
+        return [
+            {"response_length": n, "loss_mask": torch.tensor(m, dtype=torch.float32)}
+            for n, m in zip(data.response_lengths, data.loss_masks, strict=True)
+        ]
+
+    def rl_rows(self, share: RankShare, forwards: Forwards) -> tuple[list[TrainRow], dict[str, float]]:
+        """Advantages and off-policy weights of this rank's samples, as rows, and the rollout's metrics."""
+        args, data, whole = self.args, share.data, share.rollout
+        lengths = data.response_lengths
+        masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
+        old_lp, ref_lp, values = forwards.old_log_probs, forwards.ref_log_probs, forwards.values
+        rollout_lp = [None if r is None else torch.tensor(r, dtype=torch.float32) for r in data.rollout_log_probs]
+        rewards, every_reward = list(data.raw_rewards), list(whole.raw_rewards)
+        metrics: dict[str, float] = {}
+        if args.overlong_buffer_len:
+
+            def penalty(n: int) -> float:
+                return overlong_penalty(
+                    n, args.rollout_max_response_len, args.overlong_buffer_len, args.overlong_penalty_factor
+                )
+
+            every = [penalty(n) for n in whole.response_lengths]
+            every_reward = [r + p for r, p in zip(every_reward, every, strict=True)]
+            rewards = [every_reward[i] for i in share.rows]
+            metrics["train/overlong_penalty_mean"] = sum(every) / max(1, len(every))
+        normalized = bool(whole.reward_normalized) and all(whole.reward_normalized)  # by a slime post-process
+        inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized)
+        if args.use_opd:
+            inputs.teacher_log_probs = forwards.teacher_log_probs
+        if self.hooks.advantage is not None:
+            inputs.tokens = data.tokens
+            result = self._custom_advantages(share, inputs)
+        else:
+            scope = RolloutScope(share.rows, every_reward, whole.group_ids, partial(self.collectives.rows, share))
+            result = compute_advantages(args, inputs, None, scope)
+        if values is not None and result.returns is None:
+            raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
+        is_weights = self._is_weights(share, old_lp, rollout_lp, masks)
+        old = (
+            self._require_rollout(share, rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
+        )
+        if self.hooks.needs_rollout_log_probs:
+            self._require_rollout(share, rollout_lp, self.hooks.needs_rollout_log_probs)
+        extra = self.hooks.row_fields
+        rows: list[TrainRow] = []
+        for i, mask in enumerate(masks):
+            row: TrainRow = {
+                "response_length": lengths[i],
+                "loss_mask": mask,
+                "old_log_probs": old[i],
+                "advantages": result.advantages[i],
+            }
+            if ref_lp is not None:
+                row["ref_log_probs"] = ref_lp[i]
+            if is_weights is not None:
+                row["is_weight"] = is_weights[i]
+            if values is not None:
+                row["old_values"], row["returns"] = values[i], result.returns[i]  # type: ignore[index]
+            if "tokens" in extra:
+                row["tokens"] = torch.tensor(data.tokens[i])
+            if "total_length" in extra:
+                row["total_length"] = len(data.tokens[i])
+            if "rollout_log_probs" in extra and rollout_lp[i] is not None:
+                row["rollout_log_probs"] = rollout_lp[i]  # type: ignore[typeddict-item]
+            rows.append(row)
+        metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights))
+        if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
+            tokens = max(1.0, sum(self.collectives.rows(share, [float(m.sum()) for m in masks])))
+            kl = sum(self.collectives.rows(share, [float(k.sum()) for k in result.opd_reverse_kl]))
+            metrics["train/opd_reverse_kl"] = kl / tokens
+        return rows, metrics
+
+    def loss_tokens(self, share: RankShare, rows: list[TrainRow]) -> list[float]:
+        """Loss tokens of every sample of the rollout, in rollout order: each step's aggregation counts them."""
+        return self.collectives.rows(share, [float(r["loss_mask"].sum()) for r in rows])
+
+    def step_rows(self, rows: list[TrainRow], counts: list[float], bounds: tuple[int, int]) -> list[TrainRow]:
+        """`rows` (this rank's part of one step) with their aggregation weights (--loss-agg-mode) and token-mean
+        metric weights; `counts` are every sample's loss tokens (loss_tokens), `bounds` the step's rows of them."""
+        step_counts = counts[bounds[0] : bounds[1]]
+        totals = (sum(c > 0 for c in step_counts), sum(step_counts))
+        masks = [r["loss_mask"] for r in rows]
+        weights = token_weights(masks, self.args.loss_agg_mode, self.args.rollout_max_response_len, totals)
+        metric = token_weights(masks, "token-mean", totals=totals)
+        return [{**r, "token_weight": w, "metric_weight": m} for r, w, m in zip(rows, weights, metric, strict=True)]
+
+    @staticmethod
+    def step_means(step_metrics: list[dict[str, float]]) -> dict[str, float]:
+        """The rollout's metrics of its steps': each step's mean, counts (`*skipped_steps`) summed."""
+        metrics: dict[str, float] = {}
+        for key in step_metrics[0] if step_metrics else ():
+            total = sum(m[key] for m in step_metrics)
+            metrics[key] = total if key.endswith("skipped_steps") else total / len(step_metrics)  # a count
+        return metrics
+
+    def _custom_advantages(self, share: RankShare, inputs: AdvantageInputs) -> Advantages:
+        """A custom advantage function sees the whole rollout, as it did when every rank held it: with DP > 1 the
+        ranks' inputs are gathered (log-probs included: the price of a hook written for the whole rollout), the
+        hook runs on every rank alike, and each rank keeps its own samples' results."""
+        if share.dp_size > 1:
+            inputs = self._whole_inputs(share, inputs)
+        result = compute_advantages(self.args, inputs, self.hooks.advantage)
+        if share.dp_size == 1:
+            return result
+
+        def mine(column: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+            return None if column is None else [column[r] for r in share.rows]
+
+        return Advantages(mine(result.advantages), mine(result.returns), mine(result.opd_reverse_kl))  # type: ignore[arg-type]
+
+    def _whole_inputs(self, share: RankShare, inputs: AdvantageInputs) -> AdvantageInputs:
+        """Every rank's advantage inputs (tokens included), in rollout order."""
+        parts = self.collectives.objects((share.rows, inputs))
+        where = {row: (part, i) for part, (rows, _) in enumerate(parts) for i, row in enumerate(rows)}
+        order = [where[row] for row in range(len(share.rollout))]
+
+        def column(name: str) -> Any:
+            if getattr(inputs, name) is None or not isinstance(getattr(inputs, name), list):
+                return getattr(inputs, name)
+            return [getattr(parts[p][1], name)[i] for p, i in order]
+
+        return AdvantageInputs(**{f.name: column(f.name) for f in fields(AdvantageInputs)})
+
+    def _require_rollout(
+        self, share: RankShare, rollout_lp: list[torch.Tensor | None], flag: str
+    ) -> list[torch.Tensor]:
+        """SGLang's log-probs of this rank's samples, or the same error on every rank if any sample lacks them."""
+        missing = share.rollout.has_rollout_log_probs.count(False)
+        if missing:
+            raise ValueError(f"{flag} needs SGLang's log-probs, but {missing} samples have none")
+        return rollout_lp  # type: ignore[return-value]
+
+    def _is_weights(
+        self,
+        share: RankShare,
+        old_lp: list[torch.Tensor],
+        rollout_lp: list[torch.Tensor | None],
+        masks: list[torch.Tensor],
+    ) -> list[torch.Tensor] | None:
+        """Per-token off-policy weights pi_old / pi_rollout of the chosen correction (None: no correction)."""
+        args = self.args
+        if args.use_tis and not args.custom_tis_function_path:  # slime's TIS hook weighs inside the loss
+            flag, weigh = "--use-tis", lambda d, m: tis_weights(d, args.tis_clip_low, args.tis_clip)
+        elif args.use_mis:
+            flag, weigh = "--use-mis", lambda d, m: mis_weights(d, m, args.mis_level, args.mis_low, args.mis_high)
+        elif args.use_decoupled_loss:
+            flag, weigh = "--use-decoupled-loss", lambda d, m: decoupled_weights(d, args.behav_imp_weight_cap)
+        else:
+            return None
+        behaviour = self._require_rollout(share, rollout_lp, flag)
+        return [weigh(o - b, m) for o, b, m in zip(old_lp, behaviour, masks, strict=True)]
+
+    def _rollout_metrics(
+        self,
+        share: RankShare,
+        advantages: list[torch.Tensor],
+        masks: list[torch.Tensor],
+        old_lp: list[torch.Tensor],
+        rollout_lp: list[torch.Tensor | None],
+        is_weights: list[torch.Tensor] | None,
+    ) -> dict[str, float]:
+        """Advantage statistics, train/rollout mismatch (where SGLang gave log-probs) and IS weight use, over the
+        whole rollout (sums of every rank's samples, added in rollout order)."""
+
+        def total(values: list[float]) -> float:
+            return sum(self.collectives.rows(share, values))
+
+        counts = [float(m.sum()) for m in masks]
+        tokens = max(1.0, total(counts))
+        mean = total([float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
+        var = total([float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
+        metrics = {"train/advantage_mean": mean, "train/advantage_std": var**0.5}
+        if any(share.rollout.has_rollout_log_probs):
+            low, high = self.args.mis_low, self.args.mis_high
+            parts = [
+                {} if r is None else mismatch_sums(o, r, m, low, high)
+                for o, r, m in zip(old_lp, rollout_lp, masks, strict=True)
+            ]
+            # A sample without SGLang's log-probs adds 0.0: the sums are those over the samples that have them.
+            n = max(1.0, total([c if r is not None else 0.0 for c, r in zip(counts, rollout_lp, strict=True)]))
+            for key, name in (("abs_diff", "logprob_abs_diff"), ("kl", "kl"), ("out_of_band", "out_of_band_frac")):
+                metrics[f"train/train_rollout_{name}"] = total([p.get(key, 0.0) for p in parts]) / n
+        if is_weights is not None:
+            metrics["train/is_weight_mean"] = (
+                total([float((w * m).sum()) for w, m in zip(is_weights, masks, strict=True)]) / tokens
+            )
+            metrics["train/is_dropped_frac"] = (
+                total([float(((w == 0).float() * m).sum()) for w, m in zip(is_weights, masks, strict=True)]) / tokens
+            )
+        return metrics

@@ -1,0 +1,220 @@
+"""Qwen3-Next's hybrid decoder on megatron-core 0.16: gated delta net (linear attention) layers between gated
+full-attention layers, with zero-centered RMSNorms.
+
+- Kernels: megatron-core's GatedDeltaNet calls flash-linear-attention (fla: `chunk_gated_delta_rule`, `l2norm`,
+  Triton). On GPU they must be installed (`pip install flash-linear-attention`; `require_kernels` says so at start).
+  Without CUDA, `require_kernels` hands the module transformers' pure-torch versions of the same two functions
+  (the ones transformers' Qwen3-Next falls back to), so the layer runs on CPU; its causal conv1d already falls
+  back to torch's Conv1d when `causal_conv1d` is absent.
+- Sequences: GatedDeltaNet ignores the attention mask and refuses packed (THD) sequences; `PackedGatedDeltaNet`
+  runs it once per sequence of a packed row (block-diagonal mask or `cu_seqlens`), so state never crosses them.
+- Norms: Qwen3-Next's RMSNorms scale by (1 + weight) (Megatron's `layernorm_zero_centered_gamma`), which
+  Megatron's torch norm refuses: the local (CPU) spec gets `ZeroCenteredRMSNorm`. The norm inside the linear
+  attention (HF `linear_attn.norm`) scales by its weight alone: `RMSNorm` on every backend, so HF weights load
+  unchanged (bit-exact both ways).
+- Layer spec: megatron's own hybrid block spec with Transformer Engine; the same layout from the local spec
+  without it (megatron's builder asserts Transformer Engine).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+from megatron.core.ssm import gated_delta_net as _gdn
+from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+FLA_INSTALL = "pip install flash-linear-attention"
+
+
+def require_kernels() -> None:
+    """Give GatedDeltaNet its gated-delta-rule kernels: fla on GPU (an ImportError naming the package when it is
+    missing), transformers' torch implementation on CPU."""
+    from slime_like.trainer.megatron.cpu_compat import ON_CUDA
+
+    if ON_CUDA:
+        if not _gdn.HAVE_FLA:
+            raise ImportError(
+                "Qwen3-Next / Qwen3.5's gated delta net layers need flash-linear-attention (fla) on GPU: "
+                f"`{FLA_INSTALL}`"
+            )
+        return
+    from transformers.models.qwen3_next.modeling_qwen3_next import l2norm, torch_chunk_gated_delta_rule
+
+    _gdn.chunk_gated_delta_rule = torch_chunk_gated_delta_rule
+    _gdn.l2norm = l2norm
+    _gdn.HAVE_FLA = True  # GatedDeltaNet.__init__ refuses to build otherwise
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm computed in fp32, scaled by `weight` (or by 1 + `weight` when zero-centered), as transformers' Qwen3-Next."""
+
+    zero_centered = False
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-6, **_: Any) -> None:
+        super().__init__()
+        self.eps = eps
+        self.tp_group: Any = None  # set where each TP rank normalises only its own heads (PackedGatedDeltaNet)
+        self.weight = torch.nn.Parameter(
+            torch.full((hidden_size,), 0.0 if self.zero_centered else 1.0, dtype=config.params_dtype)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The normalised x, in x's dtype."""
+        weight = self.weight
+        if self.tp_group is not None and self.tp_group.size() > 1:
+            from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+
+            # Each rank's gradient covers its heads only: summed over TP in backward, as every rank holds the weight.
+            weight = copy_to_tensor_model_parallel_region(weight, group=self.tp_group)
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (y * (1.0 + weight.float())).type_as(x)
+        # transformers' gated norm casts back before scaling: the same rounding in bf16.
+        return weight * y.to(x.dtype)
+
+
+class ZeroCenteredRMSNorm(RMSNorm):
+    """RMSNorm scaled by 1 + weight (Megatron's layernorm_zero_centered_gamma; HF's Qwen3NextRMSNorm)."""
+
+    zero_centered = True
+
+
+def _segments(attention_mask: torch.Tensor | None, packed_seq_params: Any, length: int, row: int) -> list[tuple]:
+    """The (start, end) of each sequence of a token row: from THD's cu_seqlens, or where a token cannot see the one
+    before it in a block-diagonal causal mask (True = masked); one segment for a plain causal row."""
+    if packed_seq_params is not None:
+        bounds = packed_seq_params.cu_seqlens_q_padded
+        if bounds is None:
+            bounds = packed_seq_params.cu_seqlens_q
+        bounds = [int(b) for b in bounds.tolist() if 0 <= int(b) <= length]
+    elif attention_mask is not None and attention_mask.dim() == 4 and length > 1:
+        mask = attention_mask[row if attention_mask.shape[0] > 1 else 0, 0]
+        idx = torch.arange(1, length, device=mask.device)
+        starts = (idx[mask[idx, idx - 1]]).tolist()
+        bounds = [0, *starts, length]
+    else:
+        bounds = [0, length]
+    bounds = sorted(set(bounds) | {0, length})
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+class PackedGatedDeltaNet(GatedDeltaNet):
+    """megatron-core's GatedDeltaNet run once per sequence of a packed row (its recurrence must not cross them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Split over TP along dim 0 (GatedDeltaNet.sharded_state_dict), but partition_dim is left unset, which
+        # Megatron later defaults to -1: the conversion (hf_weights) reads it to shard and gather these.
+        for param in (self.conv1d.weight, self.conv1d.bias, self.A_log, self.dt_bias):
+            if param is not None:
+                param.partition_dim = 0
+        # The gated output norm is replicated but sees only this rank's value heads (megatron-core leaves its gradient
+        # partial without sequence parallel): its gradient is summed over TP (RMSNorm.forward).
+        if isinstance(self.out_norm, RMSNorm):
+            self.out_norm.tp_group = self.pg_collection.tp
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any):
+        """GatedDeltaNet's output for [s, b, h] hidden states holding one or more whole sequences per row."""
+        packed = kwargs.pop("packed_seq_params", None)
+        length, batch = hidden_states.shape[:2]
+        rows = [_segments(attention_mask, packed, length, b) for b in range(batch)]
+        if all(len(r) == 1 for r in rows):
+            return super().forward(hidden_states, None, *args, **kwargs)
+        if self.config.sequence_parallel:
+            raise ValueError(
+                "gated delta net layers with packed sequences run without --sequence-parallel (each rank holds part of "
+                "the sequence); turn it off or use one sequence per micro-batch row"
+            )
+        out = torch.empty_like(hidden_states)
+        bias = None
+        for b, segments in enumerate(rows):
+            for start, end in segments:
+                part, bias = super().forward(hidden_states[start:end, b : b + 1], None, *args, **kwargs)
+                out[start:end, b : b + 1] = part
+        return out, bias
+
+
+def _linear_attention_spec(local: bool) -> ModuleSpec:
+    """The GDN attention module: a separate input norm on the local spec, fused into in_proj with TE."""
+    if local:
+        from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+        in_proj, out_proj = ColumnParallelLinear, RowParallelLinear
+    else:
+        from megatron.core.extensions.transformer_engine import TELayerNormColumnParallelLinear, TERowParallelLinear
+
+        in_proj, out_proj = TELayerNormColumnParallelLinear, TERowParallelLinear
+    return ModuleSpec(
+        module=PackedGatedDeltaNet,
+        submodules=GatedDeltaNetSubmodules(in_proj=in_proj, out_norm=RMSNorm, out_proj=out_proj),
+        metainfo={"fuse_input_layernorm": not local},
+    )
+
+
+def _replace_norms(spec: Any, norm: type, old: tuple[type, ...]) -> Any:
+    """A copy of a spec tree (ModuleSpec / submodule dataclasses) with every norm class in `old` replaced."""
+    if isinstance(spec, type) and spec in old:
+        return norm
+    if isinstance(spec, ModuleSpec):
+        spec = copy.copy(spec)
+        if spec.module in old:
+            spec.module = norm
+        spec.submodules = _replace_norms(spec.submodules, norm, old)
+        return spec
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        changes = {f.name: _replace_norms(getattr(spec, f.name), norm, old) for f in dataclasses.fields(spec)}
+        return dataclasses.replace(spec, **changes)
+    return spec
+
+
+def linear_attention_pattern(hf_text_config: Any) -> list[int]:
+    """1 for each gated delta net layer, 0 for full attention (layer_types, else every full_attention_interval-th)."""
+    n = hf_text_config.num_hidden_layers
+    types = getattr(hf_text_config, "layer_types", None)
+    if not types:
+        interval = getattr(hf_text_config, "full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    kinds = set(types[:n]) - {"linear_attention", "full_attention"}
+    if kinds:
+        raise ValueError(f"layer_types {sorted(kinds)} in the HF config: only linear_attention and full_attention")
+    return [int(t == "linear_attention") for t in types[:n]]
+
+
+def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None) -> Any:
+    """The decoder block spec of this pipeline stage: GDN or gated attention per layer (config.linear_attention_freq),
+    MoE or dense MLP per layer (config.moe_layer_freq)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    require_kernels()
+    if not local:
+        from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+            get_transformer_block_with_experimental_attention_variant_spec,
+        )
+
+        spec = get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage)
+        gdn = _linear_attention_spec(local=False)
+        for layer in spec.layer_specs:  # megatron's GDN: its out_norm would be zero-centered like the others
+            if layer.submodules.self_attention.module is GatedDeltaNet:
+                layer.submodules = dataclasses.replace(layer.submodules, self_attention=gdn)
+        return spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    pattern = config.linear_attention_freq
+    norm = ZeroCenteredRMSNorm if config.layernorm_zero_centered_gamma else RMSNorm
+    specs = get_gpt_decoder_layer_specs(config, use_transformer_engine=False, normalization=config.normalization)
+    layers = []
+    for i, layer in enumerate(specs):
+        layer = _replace_norms(layer, norm, (WrappedTorchNorm,))
+        if pattern[i]:
+            layer.submodules = dataclasses.replace(layer.submodules, self_attention=_linear_attention_spec(local=True))
+        layers.append(layer)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    count = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=layers[offset : offset + count], layer_norm=norm)
