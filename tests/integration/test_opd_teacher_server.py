@@ -1,5 +1,7 @@
 """On-policy distillation as slime runs it (--use-opd --opd-type sglang): a teacher SGLang server scores every sampled
 token through slime's own reward function and post-process, and the student trains on the teacher's reverse KL.
+It runs in the one-step async loop (slime_like.train_async); the sync loop's OPD run, with the teacher served as a
+--sglang-config group, is tests/integration/test_model_groups_served.py.
 
 Whether the KL falls is not asserted: between two tiny random models it is ~0.05 nats and moves more with the
 sampled batch than with a few steps (measured over 6 steps: 0.049, 0.019, 0.035, 0.042, 0.061, 0.001)."""
@@ -32,7 +34,7 @@ def test_the_student_trains_on_the_teacher_s_log_probs(teacher: SGLangServer, ti
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "slime_like.train", "--hf-checkpoint", str(tiny_qwen3),
+        sys.executable, "-m", "slime_like.train_async", "--hf-checkpoint", str(tiny_qwen3),
         "--prompt-data", str(tmp_path / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "2",
         "--rollout-max-response-len", "8", "--rollout-temperature", "1.0", "--lr", "1e-2",
