@@ -94,7 +94,7 @@ sglang:
     for sample in samples:
         n = sample["response_length"]
         expected = teacher_log_probs(tiny_qwen2_untied, sample["tokens"], n)
-        assert sample["teacher_log_probs"] == pytest.approx(expected, abs=2e-3)
+        assert sample["teacher_log_probs"] == pytest.approx(expected, abs=1e-4)  # both fp32
         assert (
             max(abs(a - b) for a, b in zip(sample["teacher_log_probs"], sample["rollout_log_probs"], strict=True))
             > 0.05
