@@ -190,9 +190,21 @@ def load_lora_adapter(url: str, name: str, path: str, timeout: float = 300.0) ->
         raise EngineError(f"{url}/load_lora_adapter {path}: {answer.get('error_message')}")
 
 
-def unload_lora_adapter(url: str, name: str, timeout: float = 300.0) -> None:
-    """Unload the adapter `name` (nothing to do when the server does not hold it)."""
-    if name in lora_adapters(url, min(timeout, 30.0)):
+def load_lora_adapter_from_tensors(
+    url: str, name: str, config: dict[str, Any], serialized: str, timeout: float = 300.0
+) -> None:
+    """Load an adapter under `name` from shared-memory tensor handles (one flattened bucket, as serialized by
+    slime_like.trainer.weights.tensor.serialize_bucket) and its adapter_config.json as a dict; same node only."""
+    payload = {"lora_name": name, "config_dict": config, "serialized_tensors": serialized}
+    answer = post(url, "/load_lora_adapter_from_tensors", {**payload, "load_format": "flattened_bucket"}, timeout)
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise EngineError(f"{url}/load_lora_adapter_from_tensors {name}: {answer.get('error_message')}")
+
+
+def unload_lora_adapter(url: str, name: str, timeout: float = 300.0, held: bool = False) -> None:
+    """Unload the adapter `name`: nothing to do when the server does not hold it; `held=True` (the caller loaded
+    it) skips asking the server (/v1/models) first."""
+    if held or name in lora_adapters(url, min(timeout, 30.0)):
         post(url, "/unload_lora_adapter", {"lora_name": name}, timeout)
 
 

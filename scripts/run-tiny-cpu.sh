@@ -5,6 +5,7 @@
 #   NUM_ROLLOUT=20 bash scripts/run-tiny-cpu.sh   # shorter
 #   ASYNC=one-step bash scripts/run-tiny-cpu.sh   # the next rollout generates while this one trains (train_async)
 #   ASYNC=fully bash scripts/run-tiny-cpu.sh      # fully asynchronous: generation never waits (docs/fully-async.md)
+#   LORA=1 bash scripts/run-tiny-cpu.sh           # train a LoRA adapter on a frozen base (docs/lora.md)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -44,6 +45,10 @@ EVAL_ARGS=(--eval-prompt-data "$WORK/data/all.jsonl" --eval-interval 10 --eval-t
 PERF_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node 1 --max-tokens-per-gpu 512)
 ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2)
 OPTIM_ARGS=(--lr 3e-4 --clip-grad 1.0)
+# LoRA: rank 16 on every linear layer; the adapter needs a larger step than full weights (docs/lora.md).
+if [[ "${LORA:-0}" != 0 ]]; then
+  OPTIM_ARGS=(--lora-rank 16 --lora-alpha 32 --target-modules all-linear --lr "${LORA_LR:-2e-3}" --clip-grad 1.0)
+fi
 LOG_ARGS=(--output-dir "$WORK/run")
 
 rm -rf "$WORK/run" "$WORK/ckpt"

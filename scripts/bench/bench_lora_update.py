@@ -8,12 +8,15 @@ loaded into a one-rank Megatron engine with LoRA adapters on it (B drawn at rand
 base). One fp32 SGLang server serves the base with LoRA enabled (on CPU the torch_native LoRA backend), and the same
 run times, best of --repeats after a warm-up:
 - the full-weight update with each --transports kind (the whole HF model, as a full-weight run sends it),
-- the LoRA update (weights/lora.py: write the PEFT adapter, unload and load it by version on the server).
+- the LoRA update (weights/lora.py) on both media: from shared memory (lora/tensor, the default when the servers
+  run on this machine: copy into a shared buffer, unload, /load_lora_adapter_from_tensors) and from disk
+  (lora/disk: write the PEFT directory, unload, load it by path).
 Each row gives the bytes moved, the whole update (pause, flush, send, version tag, continue) and the data path
-alone (the transport's send); the last column is the full update's seconds over the LoRA update's (goal >= 20).
-Two more rows price the LoRA update's parts: "protocol only" is the update with nothing sent (pause, flush, version
-tag, continue: the floor of any update), and the LoRA send split into writing the PEFT directory, the unload and
-the load (best of --repeats each). At the end the served log-probs under the adapter are compared with the
+alone (the transport's send); the last column is the row's seconds over lora/tensor's (goal >= 20 for full rows).
+More rows price the LoRA update's parts: "protocol only" is the update with nothing sent (pause, flush, version
+tag, continue: the floor of any update); each medium's send split into export, prepare, unload and load; and one request
+through SGLang's tokenizer manager and scheduler that does no work (the floor of the unload and of the load).
+All best of --repeats. At the end the served log-probs under the adapter are compared with the
 trainer's (a sanity check of the figures).
 """
 
@@ -77,22 +80,46 @@ def protocol_only(urls: list[str]):
 
 
 def lora_parts(lora, export, repeats: int) -> dict[str, float]:
-    """Best seconds of the LoRA send's parts: write the PEFT directory, unload the adapter, load it."""
+    """Best seconds of the LoRA send's parts on its medium: export (Megatron to PEFT-named tensors), prepare
+    (tensor: copy into the shared buffer and serialize the handles; disk: write the PEFT directory), unload the
+    adapter, load the new one."""
     from rollout import sglang_client as client
     from slime_like.trainer.megatron.lora import write_adapter
 
-    url, best = lora.server_urls[0], {"write": float("inf"), "unload": float("inf"), "load": float("inf")}
-    target = lora.directory / "parts"
+    url, target = lora.server_urls[0], lora.directory / "parts"
+    best = dict.fromkeys(("export", "prepare", "unload", "load"), float("inf"))
     for _ in range(repeats):
         start = time.perf_counter()
-        write_adapter(target, dict(export()), lora.settings, lora.base_model)
-        best["write"] = min(best["write"], time.perf_counter() - start)
+        tensors = dict(export())
+        best["export"] = min(best["export"], time.perf_counter() - start)
         start = time.perf_counter()
-        client.unload_lora_adapter(url, lora.adapter_name, 600)
+        if lora.medium == "tensor":
+            source, load = lora._share(tensors), client.load_lora_adapter_from_tensors
+        else:
+            source, load = (
+                (str(write_adapter(target, tensors, lora.settings, lora.base_model)),),
+                client.load_lora_adapter,
+            )
+        best["prepare"] = min(best["prepare"], time.perf_counter() - start)
+        start = time.perf_counter()
+        client.unload_lora_adapter(url, lora.adapter_name, 600, held=True)
         best["unload"] = min(best["unload"], time.perf_counter() - start)
         start = time.perf_counter()
-        client.load_lora_adapter(url, lora.adapter_name, str(target), 600)
+        load(url, lora.adapter_name, *source, 600)
         best["load"] = min(best["load"], time.perf_counter() - start)
+    return best
+
+
+def round_trip(url: str, repeats: int) -> float:
+    """Best seconds of one request through SGLang's HTTP server, tokenizer manager and scheduler with no work
+    in it (/flush_cache on an idle server): the floor of every unload and load."""
+    from rollout import sglang_client as client
+
+    best = float("inf")
+    for _ in range(repeats * 4):
+        start = time.perf_counter()
+        client.post(url, "/flush_cache", timeout=60)
+        best = min(best, time.perf_counter() - start)
     return best
 
 
@@ -150,9 +177,12 @@ def main(argv: list[str] | None = None) -> None:
                                                                           args.repeats, version)))  # fmt: skip
                 finally:
                     channel.close()
-            lora = LoraTransport([url], settings, str(model), work / "lora", timeout_s=600)
-            lora_full, lora_send = best_update(lora, engine.export_adapter, args.repeats, version)
-            rows.append(("lora", lora.bytes_sent, lora_full, lora_send))
+            media = {}
+            for medium in ("tensor", "disk"):  # one server on this machine: "auto" picks tensor
+                media[medium] = LoraTransport([url], settings, str(model), work / "lora", timeout_s=600, medium=medium)
+                lora_full, lora_send = best_update(media[medium], engine.export_adapter, args.repeats, version)
+                rows.append((f"lora/{medium}", media[medium].bytes_sent, lora_full, lora_send))
+            lora_full = rows[-2][2]  # the ratios are against the LoRA update from shared memory (the default here)
             rows.append(("protocol only", 0, *best_update(protocol_only([url]), lambda: [], args.repeats, version)))
             print(f"{'update':<18}{'MB moved':>10}{'update s':>10}{'send s':>9}{'/ lora':>11}")
             for name, nbytes, full, send in rows:
@@ -161,10 +191,14 @@ def main(argv: list[str] | None = None) -> None:
                     "" if not name.startswith("full") else ("  goal met" if ratio >= GOAL else f"  goal >= {GOAL:g}x")
                 )
                 print(f"{name:<18}{nbytes / 1e6:>10.2f}{full:>10.4f}{send:>9.4f}{ratio:>10.1f}x{mark}")
-            parts = lora_parts(lora, engine.export_adapter, args.repeats)
-            print("lora send parts (best s): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()))
-            print(f"lora bytes moved: the PEFT directory on disk ({lora.bytes_sent} B; q/k/v and gate/up each repeat "
-                  f"the shared A); full: the exported HF tensors ({full_bytes} B)")  # fmt: skip
+            for medium, lora in media.items():
+                parts = lora_parts(lora, engine.export_adapter, args.repeats)
+                print(f"lora/{medium} send parts (best s): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()))
+            print(f"one request through SGLang's tokenizer manager and scheduler, no work (best s): "
+                  f"{round_trip(url, args.repeats):.4f}")  # fmt: skip
+            print(f"lora bytes moved: the flat shared buffer ({media['tensor'].bytes_sent} B) or the PEFT directory "
+                  f"({media['disk'].bytes_sent} B); q/k/v and gate/up each repeat the shared A; full: the exported "
+                  f"HF tensors ({full_bytes} B)")  # fmt: skip
             probe = probe_tokens(engine.bridge.hf_config.vocab_size)
             served = served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME)
             worst = float((served - trainer_logprobs(engine, probe)).abs().max())

@@ -33,7 +33,9 @@ def lora_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         server.stop()
 
 
-def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tmp_path) -> None:
+@pytest.mark.parametrize("medium", ["tensor", "disk"])
+def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tmp_path, medium) -> None:
+    """Each update (from shared-memory handles, or from a PEFT directory) serves the trainer's log-probs."""
     from slime_like.trainer.megatron.engine import MegatronTrainEngine
     from slime_like.trainer.megatron.lora import LoraSettings
     from slime_like.trainer.megatron.optimizer import OptimizerSettings
@@ -43,12 +45,14 @@ def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tm
     settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
     engine = MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=3e-2, use_distributed_optimizer=False), lora=settings)
     url = lora_server.url
-    transport = LoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora")
+    transport = LoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora", medium=medium)
+    assert LoraTransport([url], settings, str(tiny_qwen3), tmp_path).medium == "tensor"  # auto: a local server
+    source = lambda version: "__tensor__" if medium == "tensor" else str(tmp_path / "lora" / f"v{version}")  # noqa: E731
     probe = probe_tokens(engine.bridge.hf_config.vocab_size)
     base = served_logprobs(url, probe)
 
     transport.update(engine.export_adapter(), 0)  # the first adapter (B = 0) serves the base's log-probs
-    assert client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: str(tmp_path / "lora" / "v0")}
+    assert client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: source(0)}
     assert check_servers(engine, [url], TOLERANCE, 0, "after version 0") < TOLERANCE
     assert float((served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME) - base).abs().max()) < TOLERANCE
 
@@ -60,7 +64,8 @@ def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tm
         worst = check_servers(engine, [url], TOLERANCE, 0, f"after version {version}")
         assert worst < TOLERANCE, worst
         assert client.weight_version(url) == str(version)
-        assert client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: str(tmp_path / "lora" / f"v{version}")}
+        assert client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: source(version)}
+    assert sorted(p.name for p in (tmp_path / "lora").glob("v*")) == ([] if medium == "tensor" else ["v1", "v2"])
     served = served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME)
     torch.testing.assert_close(served, trainer_logprobs(engine, probe), atol=TOLERANCE, rtol=0)
     assert float((served - base).abs().max()) > 1e-2  # the adapter moved the policy; the base is still served
@@ -147,7 +152,9 @@ def test_multi_lora_steps_each_adapter_alone_and_serves_each(lora_server, tiny_q
     assert max(float((solo[k] - math[k]).abs().max()) for k in solo) == 0.0
 
     url, probe = lora_server.url, probe_tokens(engine.bridge.hf_config.vocab_size)
-    transport = MultiLoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora")
+    # On disk: the paths the servers report show which version each adapter holds (from tensors they all read
+    # "__tensor__"; test_adapter_updates_serve_the_trainers_logprobs covers that medium).
+    transport = MultiLoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora", medium="disk")
     try:
         transport.update(slots.export(["math", "code"]), 1)  # both changed: one pause, each under its name
         step("code", data["code"])
@@ -204,7 +211,7 @@ def test_a_multi_lora_run_trains_each_adapter_and_passes_the_weight_check(tiny_q
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert logs.count("servers match the trainer within") >= 3, logs[-3000:]  # versions 0, 1, 2: both adapters each
     for name in ("add", "mul"):
-        assert sorted(p.name for p in (out / "lora" / name).glob("v*")) == ["v1", "v2"]  # the last two versions
+        assert not list((out / "lora" / name).glob("v*"))  # servers on this machine: loaded from shared memory
         saved = list(save.glob(f"**/lora/{name}/adapter_config.json"))
         assert saved and json.loads(saved[0].read_text())["r"] == RANK
     records = [json.loads(line) for path in out.glob("**/metrics.jsonl") for line in path.read_text().splitlines()]
