@@ -30,6 +30,7 @@ class WeightTransport(abc.ABC):
     """Moves one full set of HF-named weights from trainer rank 0 into every SGLang server."""
 
     name = "transport"  # the --update-weight-transport value
+    flush_cache = True  # whether an update flushes the servers' caches (weights/lora.py says why it need not)
 
     def __init__(self, server_urls: list[str], bucket_bytes: int, timeout_s: float = 300.0) -> None:
         self.server_urls = list(server_urls)
@@ -52,7 +53,8 @@ class WeightTransport(abc.ABC):
         timeout = self.timeout_s
         try:  # continued below also when a pause failed: a server left paused hangs every request
             pause.pause_all(self.server_urls, pause_mode, timeout)
-            pause.flush_paused(self.server_urls, pause_mode, max(3, int(timeout // 10)))
+            if self.flush_cache:
+                pause.flush_paused(self.server_urls, pause_mode, max(3, int(timeout // 10)))
             self.send(named_tensors, version)
             client.on_all(self.server_urls, client.set_weight_version, version, timeout)
         finally:

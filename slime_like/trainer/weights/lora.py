@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 import torch
 import torch.multiprocessing
 
-from rollout import pause
 from rollout import sglang_client as client
 from slime_like.core.errors import EngineError
 from slime_like.trainer.megatron.lora import LoraSettings, adapter_config, write_adapter
@@ -91,20 +90,9 @@ class LoraTransport(WeightTransport):
         self._buffers: list[torch.Tensor] = []
         self._updates = 0
 
-    def update(self, named_tensors: NamedTensors, version: int, pause_mode: str = "abort") -> None:
-        """base.py's protocol without the cache flush: SGLang keys its prefix cache by adapter id (the request's
-        lora_id joins its cache key) and every load gets a new id, so no entry cached under the old adapter can
-        be reused; the base the entries also depend on never changes."""
-        timeout = self.timeout_s
-        try:
-            pause.pause_all(self.server_urls, pause_mode, timeout)
-            self.send(named_tensors, version)
-            client.on_all(self.server_urls, client.set_weight_version, version, timeout)
-        finally:
-            try:
-                pause.continue_all(self.server_urls, timeout)
-            except Exception as exc:  # the update's own error (if any) is the one to report
-                logger.warning("after a LoRA update: %r", exc)
+    # No cache flush: SGLang keys its prefix cache by adapter id (the request's lora_id joins its cache key) and
+    # every load gets a new id, so no entry cached under the old adapter can be reused; the base never changes.
+    flush_cache = False
 
     def send(self, named_tensors: NamedTensors, version: int) -> None:
         """Swap version `version` of the adapter in on every server."""
