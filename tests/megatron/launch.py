@@ -15,7 +15,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def torchrun(worker: Path, args: list[str], timeout: int = 300, nproc: int = 2) -> str:
     """Run `worker args` on `nproc` ranks; fail the test with the output's tail if it fails or times out."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]

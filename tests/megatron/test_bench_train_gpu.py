@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from tests.conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "bench" / "bench_train_gpu.py"
@@ -16,7 +18,11 @@ SCRIPT = REPO_ROOT / "scripts" / "bench" / "bench_train_gpu.py"
 
 def test_tiny_run_prints_throughput_and_mfu(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny", "--peak-tflops", "1", "--json", str(out), "--workdir", str(tmp_path)],
         cwd=REPO_ROOT,
@@ -27,13 +33,14 @@ def test_tiny_run_prints_throughput_and_mfu(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = proc.stdout[proc.stdout.index("device:") :].splitlines()
-    assert table[0].startswith("device: cpu (peak 1 TFLOP/s dense bf16)")
+    device = "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name()
+    assert table[0].startswith(f"device: {device} (peak 1 TFLOP/s dense bf16)")
     assert table[1].split()[:6] == ["model", "params", "active", "step", "s", "tokens/s"] and "MFU" in table[1]
     rows = {line.split()[0]: line.split() for line in table[2:]}
     assert set(rows) == {"tiny-dense", "tiny-moe"}
 
     figures = json.loads(out.read_text())
-    assert figures["device"] == "cpu" and figures["peak_flops"] == 1e12
+    assert figures["device"] == device and figures["peak_flops"] == 1e12
     for r in figures["results"]:
         assert r["params"] == r["params_megatron"]  # the analytic count behind the FLOPs is the built model's
         assert len(r["step_s_all"]) == 2 and r["tokens_per_step"] == 4 * 64

@@ -23,7 +23,8 @@ def sequence_log_ratio(
     token (each token carries its sequence's value) for sequences of `lengths` concatenated."""
     if lengths is None:
         return ((log_probs - old_log_probs) * mask).sum() / mask.sum().clamp(min=1.0)
-    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    device = log_probs.device
+    segment = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
     sums = log_probs.new_zeros(len(lengths)).index_add_(0, segment, (log_probs - old_log_probs) * mask)
     counts = mask.new_zeros(len(lengths)).index_add_(0, segment, mask).clamp(min=1.0)
     return (sums / counts)[segment]
