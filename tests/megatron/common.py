@@ -54,3 +54,9 @@ def train_run(hf_dir: str | Path) -> dict:
     single = engine.forward_logprobs(seqs[:1])
     weights = {name: t.clone() for name, t in engine.export_hf_weights()}
     return {"metrics": metrics, "logprobs": logprobs, "entropy": entropy, "single": single, "weights": weights}
+
+
+def forward_on_device(module: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    """The module's forward on its own device (CUDA on a GPU machine) with the inputs moved there; output on CPU."""
+    device = next(module.parameters()).device
+    return module(*(t.to(device) for t in inputs)).cpu()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
+from tests.megatron.common import fixed_batch, forward_on_device, num_targets, token_ce_loss
 from tests.megatron.launch import torchrun
 
 RANK, ALPHA = 4, 8.0
@@ -86,7 +86,7 @@ def test_peft_export_gives_the_same_logprobs_and_loads_back(run, tiny_qwen3, tmp
     mask = ~torch.ones(23, 23, dtype=torch.bool).tril()[None, None].expand(2, 1, 23, 23)
     positions = torch.arange(23)[None].expand(2, 23)
     with torch.no_grad(), cuda_to_cpu():
-        logits = engine.model[0].eval()(tokens, positions, mask)
+        logits = forward_on_device(engine.model[0].eval(), tokens, positions, mask)
         torch.testing.assert_close(model(tokens).logits, logits, atol=1e-5, rtol=0)
         for seq, expected in zip(fixed_batch(), run["trained"], strict=True):
             logprobs = model(seq[None]).logits[0].log_softmax(-1)[:-1].gather(1, seq[1:, None])[:, 0]
