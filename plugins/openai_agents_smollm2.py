@@ -37,13 +37,14 @@ from agents import (
 )
 
 from plugins.openai_agent import openai_client, run_openai_agent
+from plugins.tool_chat_template import chatml_tool_template
 from plugins.tools.calculator import CalculatorError, evaluate
 from rollout.context import RolloutContext
 from slime_like.core.sample import Sample
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"  # SmolLM2's own default
 # ChatML (SmolLM2's markers) with Hermes-style tools; an assistant call renders as the regex below samples it.
-TOOL_TEMPLATE = (
+TOOL_TEMPLATE = chatml_tool_template(
     "{%- set system = messages[0].content if messages and messages[0].role == 'system' else '" + SYSTEM + "' %}"
     """<|im_start|>system
 {{ system }}
@@ -56,23 +57,9 @@ You can call these functions. Call one as <tool_call>
 {% for t in tools %}{{ t | tojson }}
 {% endfor %}</tools>
 {%- endif %}<|im_end|>
-{% for m in messages %}
-{%- if m.role == 'system' %}
-{%- elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
-{% if m.content %}{{ m.content }}
-{% endif %}{% for c in m.tool_calls %}<tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif m.role == 'tool' %}<|im_start|>tool
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+""",
+    tool_role="tool",
+    system_in_head=True,
 )
 EXPRESSION = r"[0-9]{1,4} ?[-+*/] ?[0-9]{1,4}"
 CALL = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "' + EXPRESSION + r'"\}\}\n</tool_call>'

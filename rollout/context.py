@@ -13,6 +13,15 @@ import aiohttp
 
 
 @dataclass
+class RolloutRecord:
+    """What the built-in rollout loop generated in one rollout (one step with --fully-async), for slime's
+    --rollout-all-samples-process-path: every group, dropped ones included, and the buffer they came from."""
+
+    buffer: Any  # buffer.buffer.Buffer
+    generated: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass
 class RolloutContext:
     """One rollout's (or eval's) shared state; plugins read it and count events with `count`."""
 
@@ -35,10 +44,7 @@ class RolloutContext:
     plugin_state: dict[str, Any] = field(default_factory=dict)  # what plugins keep for this rollout
     # The built-in rollout loop's buffer.accounting.GroupLedger (None in a --rollout-function-path rollout).
     accounting: Any = None
-    # The built-in rollout loop's groups generated this rollout, dropped ones included, and the buffer they came from
-    # (for slime's --rollout-all-samples-process-path).
-    generated: list[list[Any]] = field(default_factory=list)
-    buffer: Any = None
+    record: RolloutRecord | None = None  # the built-in rollout loop's (None in a --rollout-function-path rollout)
     # Called (on the event loop, must not block) when a request through the router failed and will be retried: with
     # --use-fault-tolerance it makes the router's health check run now instead of at the end of its interval.
     request_failed: Callable[[], None] | None = None

@@ -29,7 +29,7 @@ from typing import Any
 
 from buffer.buffer import Buffer
 from rollout.abort import abort_all_servers, abort_and_drain
-from rollout.context import RolloutContext
+from rollout.context import RolloutContext, RolloutRecord
 from rollout.filters import apply_dynamic_filter
 from rollout.group import run_group
 from rollout.pause import continue_all, pause_all
@@ -83,7 +83,7 @@ class ContinuousRollout:
         self.vars = contextvars.copy_context()
         self.ledger = buffer.open_ledger(carries=True)
         ctx.accounting = self.ledger
-        ctx.generated, ctx.buffer = [], buffer  # the groups the dynamic filter dropped since the last batch
+        ctx.record = RolloutRecord(buffer)  # the groups the dynamic filter dropped since the last batch
         # Per-step clocks: the step begins when the previous batch was taken.
         self.step_start = time.monotonic()
         self.generated = 0  # response tokens the servers produced this step
@@ -175,7 +175,7 @@ class ContinuousRollout:
             self.ready.append(group)
             return
         self.dropped += 1
-        self.ctx.generated.append(group)
+        self.ctx.record.generated.append(group)
         self.ledger.drop(group, verdict.reason or "filtered")
         self._forget(group)
 
@@ -250,9 +250,9 @@ class ContinuousRollout:
         self.next_train = version + 1
         if self.args.mask_offpolicy_in_partial_rollout:
             self.ctx.count("samples_offpolicy_masked", sum(mask_older_spans(s) for g in batch for s in g))
-        self.ctx.generated.extend(batch)
+        self.ctx.record.generated.extend(batch)
         finish_rollout(self.ctx, batch)
-        self.ctx.generated = []
+        self.ctx.record = RolloutRecord(self.buffer)
         for group in batch:
             self._forget(group)
         return batch, self._close_step(batch, version, waited)

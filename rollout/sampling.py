@@ -18,7 +18,7 @@ from typing import Any
 
 from buffer.buffer import Buffer
 from rollout.abort import abort_and_drain
-from rollout.context import RolloutContext
+from rollout.context import RolloutContext, RolloutRecord
 from rollout.filters import apply_dynamic_filter
 from rollout.group import run_group
 from slime_like.core.sample import Sample, Status
@@ -65,7 +65,7 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
     origin: dict[int, dict[str, Any]] = {}  # metadata as served, to reset a sample returned without its tokens
     dropped = 0
     ledger = ctx.accounting = buffer.open_ledger()
-    ctx.generated, ctx.buffer = [], buffer
+    ctx.record = record = RolloutRecord(buffer)
     try:
         while len(kept) < target:
             while len(kept) + len(running) < target:
@@ -84,7 +84,7 @@ async def generate_rollout(ctx: RolloutContext, buffer: Buffer, params: dict[str
                     ctx.count("groups_surplus" if finished else "groups_aborted")
                     continue
                 ctx.count("groups_generated")
-                ctx.generated.append(group)
+                record.generated.append(group)
                 verdict = apply_dynamic_filter(hooks.dynamic_filter, args, group)
                 if verdict.keep or (verdict.keep_when_insufficient and len(kept) + len(running) < target):
                     kept.append(group)

@@ -323,8 +323,10 @@ def apply_sample_filter(ctx: RolloutContext, groups: list[list[Sample]], fn: Cal
 def apply_all_samples_process(ctx: RolloutContext, groups: list[list[Sample]], fn: Callable[..., Any]) -> None:
     """slime's `(args, all_samples, data_source) -> None` on every group this rollout generated (the kept `groups`
     and those filtered out), in group order."""
-    every = sorted(ctx.generated, key=lambda g: (g[0].group_index is None, g[0].group_index or 0))
-    fn(slime_args(ctx.args), every, SlimeDataSource(ctx.buffer))
+    record = ctx.record
+    assert record is not None  # the built-in loop's hook only (rollout/postprocess.py)
+    every = sorted(record.generated, key=lambda g: (g[0].group_index is None, g[0].group_index or 0))
+    fn(slime_args(ctx.args), every, SlimeDataSource(record.buffer))
 
 
 def apply_reward_post_process(ctx: RolloutContext, groups: list[list[Sample]], fn: Callable[..., Any]) -> None:

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from buffer.train_data import build_train_data
-from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
-from slime_like.arguments import parse_args
 from slime_like.core.sample import Status
+from tests.integration.recorded_rollout import agent_args, recorded_rollout
 from tests.integration.test_openai_endpoint import TOOLS_TEMPLATE
 
 N = 4
@@ -32,26 +32,23 @@ def with_tools_template(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFacto
     return out
 
 
+def example_rollout(checkpoint: Path, root: Path, plugin: str, question: str, samples: int, server_url: str) -> Any:
+    """One rollout of `samples` agents of the example plugins/<plugin>.py (its generate and tool_reward) asked
+    `question`, their tool calls parsed by SGLang's qwen25 parser: the group, the metrics and each /generate sent."""
+    (root / "train.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": question}]}) + "\n")
+    args = agent_args(
+        checkpoint, root, f"plugins.{plugin}.generate",
+        "--custom-rm-path", f"plugins.{plugin}.tool_reward", "--sglang-tool-call-parser", "qwen25",
+        samples=samples, max_response_len=256,
+    )  # fmt: skip
+    groups, metrics, sent = recorded_rollout(args, server_url)
+    return groups[0], metrics, sent
+
+
 @pytest.fixture(scope="module")
 def rollout(with_tools_template: Path, sglang_server: SGLangServer, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("agents-sdk")
-    (root / "train.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "double 3"}]}) + "\n")
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(with_tools_template), "--prompt-data", str(root / "train.jsonl"),
-            "--input-key", "prompt", "--rollout-batch-size", "1", "--n-samples-per-prompt", str(N),
-            "--num-rollout", "1", "--rollout-max-response-len", "256", "--rollout-temperature", "1.0",
-            "--custom-generate-function-path", "plugins.openai_agents_example.generate",
-            "--custom-rm-path", "plugins.openai_agents_example.tool_reward",
-            "--sglang-tool-call-parser", "qwen25", "--output-dir", str(root / "out"),
-        ]
-    )  # fmt: skip
-    manager = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
-    try:
-        groups, metrics = manager.generate(0)
-    finally:
-        manager.shutdown()
-    return groups[0], metrics
+    return example_rollout(with_tools_template, root, "openai_agents_example", "double 3", N, sglang_server.url)[:2]
 
 
 def test_the_sdk_agent_calls_its_tool_and_answers(rollout, with_tools_template: Path) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
-from slime_like.arguments import parse_args
 from slime_like.core.sample import Status
+from tests.integration.recorded_rollout import agent_args
 
 PROMPTS, PER_PROMPT = 32, 8  # 256 sessions
 PLUGIN = r"""
@@ -52,13 +52,9 @@ def run(tiny_qwen3: Path, sglang_server: SGLangServer, tmp_path_factory: pytest.
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "many_agents_under_test.py").write_text(PLUGIN)
     sys.path.insert(0, str(root))
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(root / "train.jsonl"), "--input-key", "prompt",
-            "--rollout-batch-size", str(PROMPTS), "--n-samples-per-prompt", str(PER_PROMPT), "--num-rollout", "1",
-            "--rollout-max-response-len", "16", "--custom-generate-function-path", "many_agents_under_test.generate",
-            "--rm-type", "f1", "--output-dir", str(root / "out"),
-        ]
+    args = agent_args(
+        tiny_qwen3, root, "many_agents_under_test.generate", "--rm-type", "f1",
+        prompts=PROMPTS, samples=PER_PROMPT, max_response_len=16,
     )  # fmt: skip
     manager = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
     try:

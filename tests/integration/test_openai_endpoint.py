@@ -18,13 +18,14 @@ import openai
 import pytest
 
 from plugins import openai_agent
+from plugins.tool_chat_template import chatml_tool_template
 from rollout import sglang_client as client
 from rollout.context import RolloutContext
 from rollout.openai_endpoint import OpenAIEndpoint
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
 from slime_like.core.sample import Sample, Status
-from tests.integration.recorded_rollout import recorded_rollout
+from tests.integration.recorded_rollout import agent_args, recorded_rollout
 
 PLUGIN = r"""
 import asyncio
@@ -70,13 +71,9 @@ def run(
     tiny_qwen3: Path, task: Path, sglang_server: SGLangServer
 ) -> Iterator[tuple[list[Sample], dict[str, Any], list[dict[str, Any]]]]:
     """One rollout of 4 agent samples; every /generate the endpoint sent, with its answer."""
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(task / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
-            "--rollout-batch-size", "1", "--n-samples-per-prompt", "4", "--num-rollout", "1",
-            "--rollout-max-response-len", "200", "--custom-generate-function-path", "openai_agent_under_test.generate",
-            "--rm-type", "f1", "--output-dir", str(task / "out"),
-        ]
+    args = agent_args(
+        tiny_qwen3, task, "openai_agent_under_test.generate", "--label-key", "label", "--rm-type", "f1",
+        samples=4, max_response_len=200,
     )  # fmt: skip
     groups, metrics, sent = recorded_rollout(args, sglang_server.url)
     assert len(groups) == 1
@@ -230,28 +227,16 @@ def test_sdk_client_auth_and_ended_sessions(tiny_qwen3: Path, sglang_server: SGL
     asyncio.run(main())
 
 
-TOOLS_TEMPLATE = """
+# Qwen2.5's shape: the tools in a system turn only when there are some, a tool's result as a user turn.
+TOOLS_TEMPLATE = chatml_tool_template(
+    """
 {%- if tools %}<|im_start|>system
 Tools:
 {% for t in tools %}{{ t | tojson }}
 {% endfor %}<|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
-{% if m.content %}{{ m.content }}
-{% endif %}{% for c in m.tool_calls %}<tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif m.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+{% endif %}""",
+    tool_role="user",
+)
 ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}  # fmt: skip
 CALL_REGEX = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [1-9]\}\}\n</tool_call>'
 

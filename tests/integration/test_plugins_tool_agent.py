@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-import rollout.generate
 from buffer.train_data import build_train_data
-from rollout.manager import RolloutManager
 from rollout.sglang_server import SGLangServer
-from slime_like.arguments import parse_args
 from slime_like.core.sample import Status
+from tests.integration.recorded_rollout import agent_args, recorded_rollout
 
 PLUGIN = r"""
 from plugins import tool_agent
@@ -66,30 +64,11 @@ def run(
     tiny_qwen3: Path, task: Path, sglang_server: SGLangServer
 ) -> Iterator[tuple[list[list[Any]], dict[str, Any], list[dict[str, Any]]]]:
     """One rollout of 4 agent samples; every /generate the agent sent, with its answer."""
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(task / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
-            "--rollout-batch-size", "1", "--n-samples-per-prompt", "4", "--num-rollout", "1",
-            "--rollout-max-response-len", "600", "--custom-generate-function-path", "agent_under_test.generate",
-            "--rm-type", "f1", "--output-dir", str(task / "out"),
-        ]
+    args = agent_args(
+        tiny_qwen3, task, "agent_under_test.generate", "--label-key", "label", "--rm-type", "f1",
+        samples=4, max_response_len=600,
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-    original = rollout.generate.post_generate
-
-    async def recording(ctx: Any, payload: dict[str, Any], retries: int = 3) -> dict[str, Any]:
-        out = await original(ctx, payload, retries)
-        sent.append({"rid": payload["rid"], "input_ids": list(payload["input_ids"]), "out": out})
-        return out
-
-    rollout.generate.post_generate = recording
-    m = RolloutManager(args, server_urls=[sglang_server.url], router_url=sglang_server.url)
-    try:
-        groups, metrics = m.generate(0)
-    finally:
-        rollout.generate.post_generate = original
-        m.shutdown()
-    yield groups, metrics, sent
+    yield recorded_rollout(args, sglang_server.url)
 
 
 def turns_of(sample: Any, sent: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,9 +14,8 @@ import pytest
 import requests
 
 from rollout.sglang_server import SGLangServer
-from slime_like.arguments import parse_args
 from slime_like.core.sample import Sample, Status
-from tests.integration.recorded_rollout import recorded_rollout
+from tests.integration.recorded_rollout import agent_args, recorded_rollout
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,15 +25,7 @@ def run(tiny_qwen3: Path, sglang_server: SGLangServer, tmp_path_factory: pytest.
     """One rollout of 2 samples (one per wire format); every /generate sent, with its answer."""
     root = tmp_path_factory.mktemp("slime-agent")
     (root / "train.jsonl").write_text(json.dumps({"prompt": "What is 6 times 7?"}) + "\n")
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(root / "train.jsonl"), "--input-key", "prompt",
-            "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--num-rollout", "1",
-            "--rollout-max-response-len", "200", "--rollout-temperature", "1.0",
-            "--custom-generate-function-path", "slime_plugins.agent_adapters.generate",
-            "--output-dir", str(root / "out"),
-        ]
-    )  # fmt: skip
+    args = agent_args(tiny_qwen3, root, "slime_plugins.agent_adapters.generate", samples=2, max_response_len=200)
     sys.path.insert(0, str(HERE))
     groups, metrics, sent = recorded_rollout(args, sglang_server.url)
     yield groups[0], metrics, sent, sys.modules["slime_plugins.agent_adapters"]

@@ -13,10 +13,8 @@ import torch
 
 from buffer.train_data import build_train_data
 from rollout.sglang_server import SGLangServer
-from slime_like.arguments import parse_args
 from slime_like.core.sample import Status
-from tests.integration.recorded_rollout import recorded_rollout
-from tests.integration.test_openai_agents_sdk import with_tools_template  # noqa: F401  (a fixture)
+from tests.integration.test_openai_agents_sdk import example_rollout, with_tools_template  # noqa: F401  (a fixture)
 
 N = 2
 
@@ -25,19 +23,7 @@ N = 2
 def rollout_run(with_tools_template: Path, sglang_server: SGLangServer, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
     """One rollout of N Strands agents; every /generate the endpoint sent, with its answer."""
     root = tmp_path_factory.mktemp("strands")
-    (root / "train.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "triple 2"}]}) + "\n")
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(with_tools_template), "--prompt-data", str(root / "train.jsonl"),
-            "--input-key", "prompt", "--rollout-batch-size", "1", "--n-samples-per-prompt", str(N),
-            "--num-rollout", "1", "--rollout-max-response-len", "256", "--rollout-temperature", "1.0",
-            "--custom-generate-function-path", "plugins.strands_agent_example.generate",
-            "--custom-rm-path", "plugins.strands_agent_example.tool_reward",
-            "--sglang-tool-call-parser", "qwen25", "--output-dir", str(root / "out"),
-        ]
-    )  # fmt: skip
-    groups, metrics, sent = recorded_rollout(args, sglang_server.url)
-    return groups[0], metrics, sent
+    return example_rollout(with_tools_template, root, "strands_agent_example", "triple 2", N, sglang_server.url)
 
 
 def test_strands_calls_its_tool_and_trains_on_the_sampled_ids(rollout_run, with_tools_template: Path) -> None:  # noqa: F811

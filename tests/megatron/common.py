@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,3 +61,20 @@ def forward_on_device(module: torch.nn.Module, *inputs: torch.Tensor) -> torch.T
     """The module's forward on its own device (CUDA on a GPU machine) with the inputs moved there; output on CPU."""
     device = next(module.parameters()).device
     return module(*(t.to(device) for t in inputs)).cpu()
+
+
+def torch_dist_to_hf_round_trip(engine: Any, hf_dir: str | Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """`engine` saved as a torch_dist checkpoint (tmp_path/ckpt) and converted back to HF with `hf_dir`'s config
+    (tools/convert_torch_dist_to_hf.py, to tmp_path/hf): the converted tensors, checked to be bit-exactly the engine's
+    HF export, every tensor included."""
+    from tests.megatron.test_families import safetensors_of
+    from tools.convert_torch_dist_to_hf import main as torch_dist_to_hf
+
+    exported = {n: t.clone() for n, t in engine.export_hf_weights()}
+    engine.save_checkpoint(tmp_path / "ckpt")
+    torch_dist_to_hf(["--load", str(tmp_path / "ckpt"), "--hf-checkpoint", str(hf_dir), "--save", str(tmp_path / "hf")])
+    converted = safetensors_of(tmp_path / "hf")
+    assert sorted(converted) == sorted(exported)
+    for name, tensor in converted.items():
+        assert torch.equal(tensor, exported[name]), name
+    return converted

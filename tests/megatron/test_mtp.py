@@ -12,6 +12,7 @@ import torch
 
 from slime_like.trainer.megatron.engine import MegatronTrainEngine
 from slime_like.trainer.megatron.optimizer import OptimizerSettings
+from tests.megatron.common import torch_dist_to_hf_round_trip
 from tests.megatron.test_families import safetensors_of
 from tests.megatron.tiny_families import make_mimo
 
@@ -153,20 +154,11 @@ def test_mtp_refused_where_it_cannot_be_built(tiny_qwen3: Path, tiny_mimo_mtp: P
 
 
 def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_mimo_mtp: Path, tmp_path: Path, megatron_world) -> None:
-    from tools.convert_torch_dist_to_hf import main as torch_dist_to_hf
-
     engine = _engine(tiny_mimo_mtp, mtp=True)
     rows = _rows()
     engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
-    trained = {n: t.clone() for n, t in engine.export_hf_weights()}
-    engine.save_checkpoint(tmp_path / "ckpt")
-    torch_dist_to_hf(
-        ["--load", str(tmp_path / "ckpt"), "--hf-checkpoint", str(tiny_mimo_mtp), "--save", str(tmp_path / "hf")]
-    )
-    converted, original = safetensors_of(tmp_path / "hf"), safetensors_of(tiny_mimo_mtp)
-    assert sorted(converted) == sorted(trained)
-    for name, tensor in converted.items():  # the trained MTP layer, not the original's
-        assert torch.equal(tensor, trained[name]), name
+    # The trained MTP layer, not the original's.
+    converted, original = torch_dist_to_hf_round_trip(engine, tiny_mimo_mtp, tmp_path), safetensors_of(tiny_mimo_mtp)
     assert not torch.equal(
         converted["model.mtp_layers.0.input_proj.weight"], original["model.mtp_layers.0.input_proj.weight"]
     )

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from slime_like.trainer.megatron.engine import MegatronTrainEngine
+from tests.megatron.common import torch_dist_to_hf_round_trip
 from tests.megatron.test_families import safetensors_of
 from tests.megatron.test_mtp import FACTOR, SEQUENCES, _engine, _main_grads, _policy_loss, _rows
 from tests.megatron.tiny_families import _add_mtp_layer, make_deepseek_v3, make_glm4_moe, make_glm4_moe_lite
@@ -200,15 +201,8 @@ def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_glm_mtp: Path, tmp_pat
     engine = _engine(tiny_glm_mtp, mtp=True)
     rows = _rows()
     engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
-    trained = {n: t.clone() for n, t in engine.export_hf_weights()}
-    engine.save_checkpoint(tmp_path / "ckpt")
-    torch_dist_to_hf(
-        ["--load", str(tmp_path / "ckpt"), "--hf-checkpoint", str(tiny_glm_mtp), "--save", str(tmp_path / "hf")]
-    )
-    converted, original = safetensors_of(tmp_path / "hf"), safetensors_of(tiny_glm_mtp)
-    assert sorted(converted) == sorted(trained)
-    for name, tensor in converted.items():  # the trained MTP layer, not the original's
-        assert torch.equal(tensor, trained[name]), name
+    # The trained MTP layer, not the original's.
+    converted, original = torch_dist_to_hf_round_trip(engine, tiny_glm_mtp, tmp_path), safetensors_of(tiny_glm_mtp)
     assert not torch.equal(converted[f"{MTP}eh_proj.weight"], original[f"{MTP}eh_proj.weight"])
     hf_to_torch_dist(["--hf-checkpoint", str(tiny_glm_mtp), "--save", str(tmp_path / "td"), "--mtp-num-layers", "1"])
     torch_dist_to_hf(
