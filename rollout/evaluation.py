@@ -11,6 +11,7 @@ from buffer.data_source import DataSource, PromptDataset
 from rollout.context import RolloutContext
 from rollout.generate import sampling_params_from_args
 from rollout.group import run_group
+from rollout.sglang_client import LORA_ADAPTER_KEY
 from slime_like.core.sample import Sample, Status, scalar_reward
 
 
@@ -67,9 +68,12 @@ async def evaluate_datasets(
         name: DataSource(ds, ctx.args.n_samples_per_eval_prompt, shuffle=False).get_groups(len(ds))
         for name, ds in datasets.items()
     }
+    adapter = getattr(ctx.args, "multi_lora_eval_adapter", None)  # multi-LoRA: the adapter that evaluates
     for name, groups in by_name.items():
         for sample in (s for g in groups for s in g):
             sample.metadata["eval_dataset"] = name
+            if adapter:  # the built-in generate sends it as the request's lora_path, as for training samples
+                sample.metadata[LORA_ADAPTER_KEY] = adapter
     every = [g for groups in by_name.values() for g in groups]
     await asyncio.gather(*(run_group(ctx, g, params) for g in every))
     metrics: dict[str, float] = {}

@@ -412,9 +412,11 @@ class TrainActor:
         """Megatron torch_dist checkpoint of model, optimizer and RNG into directory (the critic's in critic/)."""
         from slime_like.trainer.megatron.checkpoint_layout import CRITIC_DIR
 
+        if self.lora_slots is not None:  # multi-LoRA: the first adapter is the one of the model's own checkpoint
+            self.lora_slots.activate(self.lora_slots.names[0])
         self.engine.save_checkpoint(directory, iteration)
-        if self.lora_slots is not None:  # multi-LoRA: every adapter in PEFT format, under lora/<name>/
-            self.lora_slots.save(Path(directory) / "lora")
+        if self.lora_slots is not None:  # multi-LoRA: every adapter, in PEFT format and to resume (lora_slots.py)
+            self.lora_slots.save(directory)
         if self.critic is not None:
             self.critic.save_checkpoint(Path(directory) / CRITIC_DIR, iteration)
 
@@ -423,6 +425,8 @@ class TrainActor:
         from slime_like.trainer.megatron.checkpoint_layout import CRITIC_DIR
 
         self.engine.load_checkpoint(directory, load_optimizer, load_rng)
+        if self.lora_slots is not None:  # multi-LoRA: every adapter with its own optimizer state (lora_slots.py)
+            self.lora_slots.load(directory, load_optimizer)
         if self.critic is None:
             return
         critic = Path(directory) / CRITIC_DIR

@@ -86,12 +86,66 @@ def test_bad_adapter_configs_name_the_fix(base, adapters, capsys, change, messag
         (["--prompt-data", "x.jsonl"], "--multi-lora-adapter with --prompt-data: drop one of them"),
         (["--multi-lora-n-adapters", "1"], "--multi-lora-n-adapters 1 is below the 2 adapters given"),
         (["--advantage-estimator", "ppo"], "one critic cannot serve several adapters"),
+        (["--eval-prompt-data", "e.jsonl"], "eval samples with --multi-lora-eval-adapter NAME (one of math, code)"),
+        (["--eval-prompt-data", "e.jsonl", "--multi-lora-eval-adapter", "c"], "eval-adapter c: not an adapter of this"),
     ],
 )
 def test_multi_lora_contradictions_name_the_flags(base, adapters, capsys, extra, message) -> None:
     with pytest.raises(SystemExit):
         parse_args(_flags(base, adapters) + extra)
     assert message in capsys.readouterr().err
+
+
+def test_resume_and_eval_flags_are_taken(base, adapters, tmp_path, capsys) -> None:
+    """--load resumes a multi-LoRA run (lora_slots.py saves every adapter with its optimizer state); eval runs with
+    the adapter --multi-lora-eval-adapter names; that flag alone, without adapters, names what it lacks."""
+    (tmp_path / "e.jsonl").write_text('{"input": "2+2", "label": "4"}\n')
+    extra = ["--load", str(tmp_path / "run"), "--eval-prompt-data", str(tmp_path / "e.jsonl")]
+    args = parse_args(_flags(base, adapters) + extra + ["--multi-lora-eval-adapter", "code"])
+    assert args.load == str(tmp_path / "run") and args.multi_lora_eval_adapter == "code"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--multi-lora-eval-adapter", "code"])
+    assert "--multi-lora-eval-adapter code needs adapters" in capsys.readouterr().err
+
+
+def test_kl_with_adapters_started_apart_is_refused(base, adapters, tmp_path, capsys) -> None:
+    """The KL reference is one snapshot (the base with the adapter live at start): with adapters started from
+    different adapter_paths it would not be each adapter's own start."""
+    (tmp_path / "start").mkdir()
+    (tmp_path / "start" / "adapter_config.json").write_text("{}")
+    adapters["math"].write_text("data: math.jsonl\nadapter_path: start\n")
+    parse_args(_flags(base, adapters))  # without a KL term: fine
+    with pytest.raises(SystemExit):
+        parse_args(_flags(base, adapters) + ["--use-kl-loss"])
+    assert "start from an adapter_path (math): the KL reference is one snapshot" in capsys.readouterr().err
+
+
+def test_eval_samples_carry_the_eval_adapter(base, adapters, tmp_path) -> None:
+    """Each eval sample is tagged with --multi-lora-eval-adapter before it is generated, so the built-in generate
+    sends it as lora_path and the reward function sees it, as for a training sample."""
+    import asyncio
+
+    from buffer.data_source import PromptDataset
+    from rollout.context import RolloutContext
+    from rollout.evaluation import evaluate_datasets
+    from rollout.hooks import RolloutHooks
+    from rollout.rewards import RewardFunction
+
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}", "label": "1"}) + "\n" for i in range(3)))
+    flags = ["--eval-prompt-data", str(tmp_path / "e.jsonl"), "--multi-lora-eval-adapter", "code"]
+    args = parse_args(_flags(base, adapters) + flags)
+    seen = []
+
+    async def generate(ctx, sample, params):
+        seen.append(sample.metadata.get("lora_adapter"))
+        sample.tokens, sample.response_length, sample.status = [1, 2], 1, Status.COMPLETED
+        return sample
+
+    reward = RewardFunction(lambda _, sample: float(sample.metadata["lora_adapter"] == "code"), inline=True)
+    hooks = RolloutHooks(generate, False, reward, None)
+    ctx = RolloutContext(args, None, "", None, None, hooks=hooks)  # type: ignore[arg-type]
+    metrics, groups = asyncio.run(evaluate_datasets(ctx, {"e": PromptDataset(tmp_path / "e.jsonl")}, {}))
+    assert seen == ["code"] * 3 and metrics["eval/e/reward_mean"] == 1.0
 
 
 def test_an_adapters_share_holds_its_samples_alone() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,18 +110,24 @@ def _restore_adam_steps(optimizer) -> None:
 
 
 def _sharded_state_dict(
-    model, optimizer, scheduler, is_loading: bool, rng: bool = True, metadata: dict | None = None
+    model,
+    optimizer,
+    scheduler,
+    is_loading: bool,
+    rng: bool = True,
+    metadata: dict | None = None,
+    only: Callable[[str], bool] | None = None,
 ) -> dict:
     from mbridge.core.util import unwrap_model
 
     metadata = _METADATA if metadata is None else metadata
     chunks = unwrap_model(model)
     state: dict = {}
-    if len(chunks) == 1:
-        state["model"] = chunks[0].sharded_state_dict(metadata=dict(metadata))  # copies: Megatron adds groups
-    else:
-        for i, chunk in enumerate(chunks):
-            state[f"model{i}"] = chunk.sharded_state_dict(metadata=dict(metadata))
+    for i, chunk in enumerate(chunks):
+        part = chunk.sharded_state_dict(metadata=dict(metadata))  # copies: Megatron adds groups
+        if only is not None:  # a part of the model (e.g. its LoRA adapters): the optimizer must hold no other
+            part = {k: v for k, v in part.items() if only(k)}
+        state["model" if len(chunks) == 1 else f"model{i}"] = part
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=dict(metadata))
         state["opt_param_scheduler"] = scheduler.state_dict()
@@ -141,17 +148,20 @@ def save_checkpoint(
     scheduler=None,
     rng: bool = True,
     iteration: int = 0,
+    only: Callable[[str], bool] | None = None,
 ) -> None:
     """Collectively save all states of this rank into directory (created); `iteration` is recorded as
     Megatron-LM records it.
 
     rng=False (with no optimizer) writes a model-only checkpoint, loadable at any parallel layout.
+    only: the model state-dict keys to save (all when None), e.g. a LoRA adapter's (lora_slots.py); the optimizer
+    must update no parameter outside them.
     """
     from megatron.core import dist_checkpointing
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     with cuda_to_cpu():
-        state = _sharded_state_dict(model, optimizer, scheduler, is_loading=False, rng=rng)
+        state = _sharded_state_dict(model, optimizer, scheduler, is_loading=False, rng=rng, only=only)
         state.update(iteration=iteration, checkpoint_version=_CHECKPOINT_VERSION)
         metadata = {**_METADATA, "has_rng_state": rng}
         dist_checkpointing.save(state, str(directory), content_metadata=metadata)
@@ -221,12 +231,14 @@ def load_checkpoint(
     weights_only: bool = False,
     load_optimizer: bool = True,
     load_rng: bool = True,
+    only: Callable[[str], bool] | None = None,
 ) -> None:
     """Collectively load a torch_dist checkpoint into the model (and optimizer, scheduler, RNG when it holds
     them for this engine); ours or one of Megatron-LM/slime.
 
     weights_only=True loads the model alone (RNG states are per TP/PP rank: they need the saved layout);
     load_optimizer=False leaves the optimizer fresh, load_rng=False keeps this process's RNG states.
+    only: the model state-dict keys to load (save_checkpoint's); the other parameters keep their values.
     """
     from mbridge.core.util import unwrap_model
     from megatron.core import dist_checkpointing
@@ -246,7 +258,13 @@ def load_checkpoint(
         if optimizer is not None and skipped is None:
             _init_empty_optimizer_state(optimizer)
         state = _sharded_state_dict(
-            model, optimizer if skipped is None else None, scheduler, is_loading=True, rng=False, metadata=metadata
+            model,
+            optimizer if skipped is None else None,
+            scheduler,
+            is_loading=True,
+            rng=False,
+            metadata=metadata,
+            only=only,
         )
         model_state = {k: v for k, v in state.items() if k.startswith("model")}
         problems = _all_ranks(_mismatches(stored, model_state))
@@ -270,7 +288,7 @@ def load_checkpoint(
         loaded = dist_checkpointing.load(state, directory)
         chunks = unwrap_model(model)
         for i, chunk in enumerate(chunks):
-            chunk.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+            chunk.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=only is None)
         if skipped is None and optimizer is not None:
             optimizer.load_state_dict(loaded["optimizer"])
             _restore_adam_steps(optimizer)

@@ -5,6 +5,11 @@ and learning-rate schedule position wait here; `activate(name)` swaps them in. S
 own weights and optimizer state, and the same steps give the same adapter as a run that trains it alone. A rollout
 that mixes adapters trains each on its own samples, one after another (buffer/lora_share.py), with the loss
 normalised over that adapter's samples of each step. Swapping copies only adapter-sized tensors.
+
+A checkpoint (`save`) holds each adapter twice: in PEFT format under `lora/<name>/` (to serve or to start another
+run from), and under `lora_state/<name>/` as a torch_dist checkpoint of the adapter's tensors alone with its
+optimizer state and schedule position, which `load` restores (--load). That part has the layout rules of the
+engine's own checkpoint (checkpoint.py): any DP size, the saved TP size.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from slime_like.trainer.megatron.lora import is_adapter_param
 
 logger = logging.getLogger(__name__)
 SEPARATOR = "/"  # between an adapter's name and its PEFT keys in a multi-adapter export (names hold no '/')
+PEFT_DIR = "lora"  # in a checkpoint: each adapter in PEFT format, <checkpoint>/lora/<name>/
+STATE_DIR = "lora_state"  # in a checkpoint: each adapter's tensors and optimizer state, <checkpoint>/lora_state/<name>/
 
 
 class AdapterSlots:
@@ -30,9 +37,13 @@ class AdapterSlots:
     def __init__(self, engine: Any, names: list[str]) -> None:
         if engine.lora is None:
             raise ValueError("AdapterSlots needs an engine built with LoRA (--lora-rank)")
+        from slime_like.trainer.megatron.offload import materialize_optimizer_state
+
         self.engine = engine
         self.names = list(names)
         self.active = self.names[0]
+        if engine.optimizer is not None:  # Adam's zero state, as its first step would make it: every adapter has
+            materialize_optimizer_state(engine.optimizer)  # one, so a checkpoint of one not trained yet has too
         start = self._capture()
         self.saved = {name: start for name in self.names[1:]}  # copied on restore: one start serves them all
         self.changed = set(self.names)  # adapters the servers do not hold yet at their current version
@@ -114,11 +125,61 @@ class AdapterSlots:
             for key, tensor in self.engine.export_adapter():  # a copy: the next activate overwrites the live adapter
                 yield f"{name}{SEPARATOR}{key}", tensor.clone()
 
-    def save(self, directory: str | Path) -> None:
-        """Write every adapter in PEFT format under `<directory>/<name>/` (a collective; rank 0 writes)."""
+    def save(self, checkpoint: str | Path) -> None:
+        """Write every adapter into a checkpoint directory (a collective): in PEFT format under `lora/<name>/`
+        (rank 0 writes) and, to resume from, its tensors, optimizer state and schedule position under
+        `lora_state/<name>/` (torch_dist, the adapter's tensors only: the frozen base is in the engine's checkpoint)."""
+        from slime_like.trainer.megatron.checkpoint import save_checkpoint
+
+        live, engine = self.active, self.engine
         for name in self.names:
             self.activate(name)
-            self.engine.save_adapter(Path(directory) / name)
+            engine.save_adapter(Path(checkpoint) / PEFT_DIR / name)
+            target = Path(checkpoint) / STATE_DIR / name
+            save_checkpoint(target, engine.model, engine.optimizer, engine.scheduler, rng=False, only=is_adapter_param)
+        self.activate(live)
+
+    def load(self, checkpoint: str | Path, load_optimizer: bool = True) -> None:
+        """Restore every adapter this run trains from a checkpoint `save` wrote (a collective): its weights and,
+        with load_optimizer, its Adam state and schedule position (else those start fresh). Adapters the checkpoint
+        holds and this run does not train are left out (a log line names them); one it lacks stops the load."""
+        from slime_like.trainer.megatron.checkpoint import load_checkpoint
+
+        directory = Path(checkpoint) / STATE_DIR
+        held = sorted(p.name for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []
+        if not held:
+            raise ValueError(
+                f"{checkpoint} holds no multi-LoRA adapter states ({STATE_DIR}/<name>/): it was not saved by a "
+                "multi-LoRA run (--multi-lora-adapter). Start each adapter from a PEFT adapter instead (adapter_path "
+                "in its config) and drop --load"
+            )
+        missing = [name for name in self.names if name not in held]
+        if missing:
+            raise ValueError(
+                f"{checkpoint} holds the adapters {', '.join(held)}, not {', '.join(missing)}: resume with the "
+                "adapters it holds, or start a new adapter in another run (adapter_path starts one from a saved one)"
+            )
+        dropped = [name for name in held if name not in self.names]
+        if dropped:
+            logger.info("%s: adapters %s are not trained in this run, not loaded", checkpoint, ", ".join(dropped))
+        live, engine = self.active, self.engine
+        for name in self.names:
+            self.activate(name)
+            if engine.scheduler is not None:
+                engine.scheduler.num_steps = 0  # a loaded position is added to the current one (Megatron's)
+                engine.scheduler.step(0)
+            load_checkpoint(
+                directory / name,
+                engine.model,
+                engine.optimizer,
+                engine.scheduler,
+                load_optimizer=load_optimizer,
+                load_rng=False,
+                only=is_adapter_param,
+            )
+            self.changed.add(name)
+        self.activate(live)
+        logger.info("multi-LoRA: loaded adapters %s from %s", ", ".join(self.names), checkpoint)
 
 
 def adapter_slots(engine: Any, args: Any) -> AdapterSlots | None:

@@ -1,6 +1,9 @@
 """Multi-LoRA flags (miles' names): `--multi-lora-adapter NAME CONFIG` (repeatable) trains one adapter per NAME over
 the one frozen base, each on the prompts its CONFIG names; `--multi-lora-n-adapters N` is the slot capacity.
 
+`--multi-lora-eval-adapter NAME` (a flag of this project, not miles') names the adapter that generates the eval
+samples (rollout/evaluation.py tags them).
+
 CONFIG is a YAML (or JSON) file in the shape of miles' adapter.yaml: `data` (the adapter's prompt file) is needed;
 `input_key`, `label_key` and `adapter_path` (an HF PEFT adapter to start from) are optional; `rank` and `alpha`, when
 given, must equal --lora-rank and --lora-alpha (the adapters share one shape). Keys for things a run sets for all
@@ -42,6 +45,11 @@ def add_multi_lora_arguments(group: argparse._ArgumentGroup) -> None:
         help="train an adapter NAME on the prompts of CONFIG (YAML: data, optional input_key, label_key, "
         "adapter_path); repeat for each adapter (docs/lora.md)",
     )  # fmt: skip
+    group.add_argument(
+        "--multi-lora-eval-adapter", default=None, metavar="NAME",
+        help="the adapter that generates the eval samples of a multi-LoRA run (needed with --eval-prompt-data or "
+        "--eval-config): each eval sample is tagged with it, as a training sample is with its own",
+    )  # fmt: skip
 
 
 def read_adapter_config(name: str, path: str) -> dict[str, Any]:
@@ -80,10 +88,12 @@ def validate_multi_lora_args(args: argparse.Namespace) -> None:
 
     entries = getattr(args, "multi_lora_adapters", None) or []
     slots = getattr(args, "multi_lora_n_adapters", 0)
+    evaluator = getattr(args, "multi_lora_eval_adapter", None)
     args.lora_adapter_names, args.multi_lora_configs = [], {}
     if not entries:
-        if slots:
-            raise ArgumentError(f"--multi-lora-n-adapters {slots} needs adapters: add --multi-lora-adapter NAME CONFIG")
+        for flag, given in (("--multi-lora-n-adapters", slots), ("--multi-lora-eval-adapter", evaluator)):
+            if given:
+                raise ArgumentError(f"{flag} {given} needs adapters: add --multi-lora-adapter NAME CONFIG")
         return
     why = " (a multi-LoRA run: docs/lora.md, 'Several adapters')"
     if not args.lora_rank:
@@ -105,9 +115,6 @@ def validate_multi_lora_args(args: argparse.Namespace) -> None:
         "--prompt-data": args.prompt_data,
         "--data-source-path": getattr(args, "data_source_path", None),
         "--lora-adapter-path (use adapter_path in each adapter's config)": args.lora_adapter_path,
-        "--eval-prompt-data (evaluation does not pick an adapter yet)": getattr(args, "eval_prompt_data", None),
-        "--load (resuming a multi-LoRA run is not supported yet: start from the saved adapters with "
-        "adapter_path)": getattr(args, "load", None),
         "--advantage-estimator ppo (one critic cannot serve several adapters)": (
             getattr(args, "advantage_estimator", None) == "ppo"
         ),
@@ -115,6 +122,14 @@ def validate_multi_lora_args(args: argparse.Namespace) -> None:
     for flag, given in conflicts.items():
         if given:
             raise ArgumentError(f"--multi-lora-adapter with {flag}: drop one of them" + why)
+    if evaluator is not None and evaluator not in names:
+        raise ArgumentError(f"--multi-lora-eval-adapter {evaluator}: not an adapter of this run ({', '.join(names)})")
+    evaluated = getattr(args, "eval_prompt_data", None) or getattr(args, "eval_config", None)
+    if evaluated and evaluator is None:
+        raise ArgumentError(
+            "--multi-lora-adapter with --eval-prompt-data / --eval-config: name the adapter that generates the eval "
+            f"samples with --multi-lora-eval-adapter NAME (one of {', '.join(names)})" + why
+        )
     for name, path in entries:
         try:
             config = read_adapter_config(name, path)
@@ -127,6 +142,13 @@ def validate_multi_lora_args(args: argparse.Namespace) -> None:
                     f"adapters of a run share one shape: drop `{key}` or set {flag} {config[key]}"
                 )
         args.multi_lora_configs[name] = config
+    started = [name for name in names if args.multi_lora_configs[name].get("adapter_path")]
+    if started and len(names) > 1 and (getattr(args, "use_kl_loss", False) or getattr(args, "kl_coef", 0)):
+        raise ArgumentError(
+            "--multi-lora-adapter with --use-kl-loss / --kl-coef and adapters that start from an adapter_path "
+            f"({', '.join(started)}): the KL reference is one snapshot, the base with the adapter live at start, "
+            "not each adapter's own start; start every adapter fresh or drop the KL term" + why
+        )
     args.lora_adapter_names = names
     args.multi_lora_n_adapters = slots or len(names)
     args.data_source_path = DATA_SOURCE
