@@ -1,12 +1,10 @@
-"""One adapter's part of a multi-LoRA rollout share: the rows, steps and rollout-wide scalars of its samples only,
+"""One adapter's part of a multi-LoRA rollout share: the rows, steps and rollout summary of its samples only,
 renumbered as if the rollout held nothing else, so that the trainer's usual step (advantages, loss normalisation,
 metrics) sees each adapter's samples alone."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from buffer.train_data import RankShare, RolloutScalars
+from buffer.train_data import RankShare, RolloutSummary
 
 
 def adapter_names(share: RankShare) -> list[str]:
@@ -22,12 +20,7 @@ def adapter_share(share: RankShare, name: str) -> RankShare:
         raise ValueError("adapter_share: the rollout has no lora_adapters column (not a multi-LoRA rollout)")
     keep = [i for i, a in enumerate(whole) if a == name]
     position = {row: new for new, row in enumerate(keep)}
-    scalars = RolloutScalars(
-        **{
-            f.name: [getattr(share.rollout, f.name)[i] for i in keep] if getattr(share.rollout, f.name) else []
-            for f in fields(RolloutScalars)
-        }
-    )
+    scalars = RolloutSummary(len(keep), share.rollout.rewards_normalized, [whole[i] for i in keep])
     mine = [j for j, row in enumerate(share.rows) if row in position]
     index = {j: new for new, j in enumerate(mine)}  # share.data index -> adapter share index
     steps, bounds = [], []

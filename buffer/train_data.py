@@ -1,7 +1,9 @@
 """Finished groups -> training data columns, and their split into one share per data-parallel rank.
 
-The rollout side splits (split_by_dp): each trainer rank fetches only its share's tokens, masks and log-probs,
-plus the rollout-wide scalars (rewards, group ids, lengths) that group advantages and checks need.
+The rollout side shapes the rewards where every sample of a group is (buffer/group_rewards.py: the overlong
+penalty, the estimator's group baseline), then splits (split_by_dp): each trainer rank fetches only its own rows
+(tokens, masks, log-probs, shaped rewards) and the rollout's size, with no per-sample list of the whole rollout
+(but each sample's adapter in a multi-LoRA run).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class TrainData:
     teacher_log_probs: list[list[float] | None] = field(default_factory=list)
     # Multi-LoRA (--multi-lora-adapter): the adapter each sample was generated with and trains. Empty in other runs.
     lora_adapters: list[str | None] = field(default_factory=list)
+    # Filled on the rollout side, where whole groups are (buffer.group_rewards.shape_rewards); empty until then.
+    rewards: list[float] = field(default_factory=list)  # raw reward plus DAPO's overlong penalty
+    baselined_rewards: list[float] = field(default_factory=list)  # rewards after the estimator's group baseline
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -48,34 +53,27 @@ class TrainData:
 
 
 @dataclass
-class RolloutScalars:
-    """One scalar per sample of the whole rollout, in rollout order: what every rank needs beyond its own rows."""
+class RolloutSummary:
+    """What a rank knows of the whole rollout beyond its own rows. Sums over the rollout (whitening, loss counts,
+    metrics, checks) are one all-reduce of one number per sample, each rank filling its own rows."""
 
-    raw_rewards: list[float]
-    group_ids: list[int]
-    response_lengths: list[int]
-    reward_normalized: list[bool]
-    sample_indices: list[int]
-    # Whether each sample has SGLang's log-probs, a teacher's log-probs, routed experts: checks fail alike on
-    # every rank (a rank that raised alone would leave the others waiting in a collective).
-    has_rollout_log_probs: list[bool]
-    has_teacher_log_probs: list[bool]
-    has_routed_experts: list[bool]
+    size: int  # samples in the rollout: the length of the vectors the DP collectives add up
+    rewards_normalized: bool = False  # a slime reward post-process normalised every sample's reward
     lora_adapters: list[str | None] = field(default_factory=list)  # multi-LoRA: each sample's adapter, else empty
 
     def __len__(self) -> int:
-        return len(self.raw_rewards)
+        return self.size
 
 
 @dataclass
 class RankShare:
-    """One data-parallel rank's rows of a rollout: its own per-token data and the rollout-wide scalars."""
+    """One data-parallel rank's rows of a rollout: its own per-sample data and what it knows of the rollout."""
 
     data: TrainData  # this rank's rows, in rollout order
     rows: list[int]  # their positions in the rollout
     steps: list[list[int]]  # per optimizer step, the indices into `data` of this rank's rows of that step
     step_bounds: list[tuple[int, int]]  # per optimizer step, its [begin, end) rows of the rollout
-    rollout: RolloutScalars
+    rollout: RolloutSummary
     dp_rank: int = 0
     dp_size: int = 1
 
@@ -98,22 +96,14 @@ def balanced_split(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
-def rollout_scalars(data: TrainData) -> RolloutScalars:
-    """The rollout-wide scalar columns of `data`."""
-    n = len(data)
-    teacher = data.teacher_log_probs or [None] * n
-    routed = data.rollout_routed_experts or [None] * n
-    return RolloutScalars(
-        raw_rewards=list(data.raw_rewards),
-        group_ids=list(data.group_ids),
-        response_lengths=list(data.response_lengths),
-        reward_normalized=list(data.reward_normalized) or [False] * n,
-        sample_indices=list(data.sample_indices),
-        has_rollout_log_probs=[r is not None for r in data.rollout_log_probs] or [False] * n,
-        has_teacher_log_probs=[t is not None for t in teacher],
-        has_routed_experts=[r is not None for r in routed],
-        lora_adapters=list(data.lora_adapters),
-    )
+def rewards_normalized(data: TrainData) -> bool:
+    """Whether a slime reward post-process normalised every sample's reward (the estimator takes them as they are)."""
+    return bool(data.reward_normalized) and all(data.reward_normalized)
+
+
+def rollout_summary(data: TrainData) -> RolloutSummary:
+    """What every rank of `data`'s split knows of it."""
+    return RolloutSummary(len(data), rewards_normalized(data), list(data.lora_adapters))
 
 
 def split_by_dp(data: TrainData, dp_size: int, global_batch_size: int, multiple: int = 1) -> list[RankShare]:
@@ -121,7 +111,7 @@ def split_by_dp(data: TrainData, dp_size: int, global_batch_size: int, multiple:
     token-balanced over the ranks, lengths rounded up to `multiple` (the padding the trainer's layout adds)."""
     if dp_size < 1 or global_batch_size < 1:
         raise ValueError(f"split_by_dp: dp_size {dp_size} and global_batch_size {global_batch_size} must be >= 1")
-    scalars = rollout_scalars(data)
+    summary = rollout_summary(data)
     mine: list[list[int]] = [[] for _ in range(dp_size)]  # rollout rows of each rank
     steps: list[list[list[int]]] = [[] for _ in range(dp_size)]
     bounds = [(b, min(b + global_batch_size, len(data))) for b in range(0, len(data), global_batch_size)]
@@ -131,7 +121,7 @@ def split_by_dp(data: TrainData, dp_size: int, global_batch_size: int, multiple:
             steps[rank].append(list(range(len(mine[rank]), len(mine[rank]) + len(part))))
             mine[rank].extend(begin + i for i in part)
     return [
-        RankShare(data.select(mine[r]), mine[r], steps[r], bounds, scalars, dp_rank=r, dp_size=dp_size)
+        RankShare(data.select(mine[r]), mine[r], steps[r], bounds, summary, dp_rank=r, dp_size=dp_size)
         for r in range(dp_size)
     ]
 
@@ -142,7 +132,7 @@ def trainable(sample: Sample) -> bool:
 
 
 def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = None) -> TrainData:
-    """Collect the columns the trainer needs; advantages (group baselines included) are the trainer's.
+    """Collect the columns the trainer needs; the rewards are shaped next (buffer.group_rewards.shape_rewards).
 
     Failed samples (generation or reward function failed) and aborted ones carry no usable reward:
     they are left out, so they neither take part in their group's statistics nor get trained on.

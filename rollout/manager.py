@@ -17,6 +17,7 @@ import aiohttp
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
+from buffer.group_rewards import RewardShaping
 from buffer.train_data import trainable
 from rollout.arguments import eval_data_keys
 from rollout.context import RolloutContext, running
@@ -250,6 +251,7 @@ class RolloutManager:
         return hand_off(
             rollout_id, groups, metrics, self._train_layout, args.reward_key, args.save_debug_train_data,
             convert=(lambda groups: convert(args, groups)) if convert is not None else None,
+            shaping=RewardShaping.from_args(args),  # group baselines here, where every group is whole
         )  # fmt: skip
 
     def _finish(

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench/bench_data_path.py                       # 1024 samples x 8192 tokens, DP 1 2 4
     .venv/bin/python scripts/bench/bench_data_path.py --samples 256 --tokens 2048 --dp 1 2
+    .venv/bin/python scripts/bench/bench_data_path.py --samples 1024 --tokens 64 --response-tokens 48 --paths by-ref
 
 Prints figures, asserts nothing. On a simulated cluster (tools/simulated_cluster.py: real raylets on this machine,
 all on 127.0.0.1) a rollout-side actor on the head node (where the rollout manager runs) makes a synthetic
@@ -9,8 +10,10 @@ rollout of Samples (--samples x --tokens, --response-tokens of them a response w
 stand-in trainer ranks, one per worker node, take it as the trainer does. Two paths:
 
 - `by-ref` (the project's): the rollout side keeps the samples and hands the driver metrics and one object ref
-  per DP rank (rollout/train_handoff.py: build_train_data, split_by_dp, one ray.put per rank); each rank is handed
-  the ref of its own share, as TrainGroup.train does, and fetches it from the head node's object store.
+  per DP rank (rollout/train_handoff.py: build_train_data, shape_rewards for grpo, split_by_dp, one ray.put per
+  rank); each rank is handed the ref of its own share, as TrainGroup.train does, and fetches it from the head
+  node's object store. The share's bytes are also reported exactly, with those of what it holds about the whole
+  rollout beyond its own rows (`rollout`: pickled).
 - `whole` (the path before): the driver gets the samples, builds the training data, puts it once, and every rank
   fetches all of it; then each rank's old log-probs reached every other rank through all_gather_object (that part
   is not run here: its bytes are counted, 4 per response token of the other ranks' shares, pickle overhead aside).
@@ -50,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-samples-per-prompt", type=int, default=8)
     p.add_argument("--global-batch-size", type=int, default=None, help="default: the whole rollout in one step")
     p.add_argument("--dp", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--paths", nargs="+", default=["by-ref", "whole"], choices=["by-ref", "whole"])
     p.add_argument("--object-store-mib", type=int, default=1536, help="per simulated node")
     p.add_argument("--driver", nargs=2, metavar=("PATH", "DP"), help=argparse.SUPPRESS)  # one driver run
     return p.parse_args(argv)
@@ -91,9 +95,11 @@ def rollout_side_cls():
 
         def by_ref(self, dp: int, global_batch_size: int) -> Any:
             """The project's handoff: metrics, a failure summary and one ref per DP rank."""
+            from buffer.group_rewards import RewardShaping
             from rollout.train_handoff import TrainLayout, hand_off
 
-            return hand_off(0, self.groups, {"rollout/samples": 1}, TrainLayout(dp, 1, global_batch_size), None)
+            layout = TrainLayout(dp, 1, global_batch_size)
+            return hand_off(0, self.groups, {"rollout/samples": 1}, layout, None, shaping=RewardShaping("grpo"))
 
         def samples(self) -> list[list[Any]]:
             """The path before: the samples themselves go to the driver."""
@@ -112,9 +118,14 @@ def rank_cls():
     @ray.remote(num_cpus=0)
     class Rank:
         def take(self, data: Any, dp_rank: int) -> dict[str, Any]:
-            rows = len(data.rows) if hasattr(data, "rows") else len(data)
-            tokens = sum(len(t) for t in (data.data.tokens if hasattr(data, "rows") else data.tokens))
-            return {"rows": rows, "tokens": tokens, "node": ray.get_runtime_context().get_node_id()}
+            import pickle
+
+            share = hasattr(data, "rows")
+            rows = len(data.rows) if share else len(data)
+            tokens = sum(len(t) for t in (data.data.tokens if share else data.tokens))
+            rollout = len(pickle.dumps(data.rollout)) if share else 0  # what a share holds of the whole rollout
+            node = ray.get_runtime_context().get_node_id()
+            return {"rows": rows, "tokens": tokens, "rollout_bytes": rollout, "node": node}
 
         def node(self) -> str:
             return ray.get_runtime_context().get_node_id()
@@ -164,6 +175,7 @@ def driver(path: str, dp: int, args: argparse.Namespace) -> dict[str, Any]:
         "bytes_per_rank": sizes,
         "gathered_per_rank": gathered,
         "rows_per_rank": [t["rows"] for t in taken],
+        "rollout_bytes_per_rank": [t["rollout_bytes"] for t in taken],
         "tokens_per_rank": [t["tokens"] for t in taken],
         "rank_nodes_distinct": len({t["node"] for t in taken}),
         "driver_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -193,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     env["OMP_NUM_THREADS"] = "1"
     results = []
     try:
-        for path in ("by-ref", "whole"):
+        for path in args.paths:
             for dp in args.dp:
                 cmd = [sys.executable, __file__, *(argv or sys.argv[1:]), "--driver", path, str(dp)]
                 out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
@@ -214,18 +226,16 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"shorter), {args.n_samples_per_prompt} per prompt; simulated cluster, one rank per worker node\n"
     )
     whole = {r["dp"]: r for r in results if r["path"] == "whole"}
-    head = (
-        "| path | DP | MiB per rank (max) | x DP / whole | +log-probs gathered MiB | rows per rank | driver peak MiB |"
-    )
-    print(head + " rollout side peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    head = "| path | DP | MiB per rank (max) | bytes per rank | of the whole rollout, B | x DP / whole |"
+    print(head + " +log-probs gathered MiB | rows per rank | driver peak MiB | rollout side peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         total = max(whole[r["dp"]]["bytes_per_rank"]) if r["dp"] in whole else sum(r["bytes_per_rank"])
         most = max(r["bytes_per_rank"])
         print(
-            f"| {r['path']} | {r['dp']} | {most / MiB:.1f} | {most * r['dp'] / total:.3f} | "
-            f"{max(r['gathered_per_rank']) / MiB:.1f} | {r['rows_per_rank']} | {r['driver_peak_rss_mib']:.0f} | "
-            f"{r['rollout_side_peak_rss_mib']:.0f} |"
+            f"| {r['path']} | {r['dp']} | {most / MiB:.1f} | {r['bytes_per_rank']} | {r['rollout_bytes_per_rank']} | "
+            f"{most * r['dp'] / total:.3f} | {max(r['gathered_per_rank']) / MiB:.1f} | {r['rows_per_rank']} | "
+            f"{r['driver_peak_rss_mib']:.0f} | {r['rollout_side_peak_rss_mib']:.0f} |"
         )
     spread = {(r["path"], r["dp"]): r["rank_nodes_distinct"] for r in results}
     print(f"\ndistinct nodes holding the ranks' data, by (path, DP): {spread}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from buffer.group_rewards import RewardShaping, shape_rewards
 from buffer.train_data import RankShare, TrainData, split_by_dp
 from slime_like.core.logs import setup_logging
 from slime_like.trainer.algorithms.loss import value_loss_fn
@@ -252,9 +253,10 @@ class TrainActor:
         return metrics
 
     def _own_share(self, data: TrainData) -> RankShare:
-        """This rank's share of a whole rollout, split as the rollout manager splits it."""
+        """This rank's share of a whole rollout, shaped and split as the rollout manager does."""
         dp_rank, dp_size, multiple = self.data_parallel()
-        return split_by_dp(data, dp_size, self.args.global_batch_size, multiple)[dp_rank]
+        shaped = shape_rewards(data, RewardShaping.from_args(self.args))
+        return split_by_dp(shaped, dp_size, self.args.global_batch_size, multiple)[dp_rank]
 
     def _forwards(self, share: RankShare) -> tuple[Forwards, list[Any] | None]:
         """The engines' forwards of this rank's share (old and reference log-probs, the critic's values, the
@@ -291,7 +293,7 @@ class TrainActor:
             "with --opd-type sglang, use --custom-rm-path slime.rollout.on_policy_distillation.reward_func with the "
             "teacher's /generate URL as --rm-url"
         )
-        teacher = every_sample(share, "teacher_log_probs", "--use-opd", hint)
+        teacher = every_sample(share, self.step.collectives, "teacher_log_probs", "--use-opd", hint)
         return [torch.tensor(t, dtype=torch.float32) for t in teacher]
 
     def _rollout_routing(self, share: RankShare) -> list[Any]:
@@ -300,7 +302,9 @@ class TrainActor:
             "a generate function must send return_routed_experts=True and keep the answer's "
             "meta_info['routed_experts'] (Sample.append_response_tokens does)"
         )
-        return every_sample(share, "rollout_routed_experts", "--use-rollout-routing-replay", hint)
+        return every_sample(
+            share, self.step.collectives, "rollout_routed_experts", "--use-rollout-routing-replay", hint
+        )
 
     def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
         """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the

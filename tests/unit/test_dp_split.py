@@ -10,7 +10,8 @@ import threading
 import pytest
 import torch
 
-from buffer.train_data import RankShare, TrainData, balanced_split, split_by_dp
+from buffer.group_rewards import RewardShaping, shape_rewards
+from buffer.train_data import RankShare, RolloutSummary, TrainData, balanced_split, split_by_dp
 from slime_like.trainer.algorithms.advantages import AdvantageInputs, RolloutScope, compute_advantages
 from slime_like.trainer.algorithms.aggregation import token_weights
 
@@ -51,9 +52,17 @@ def args(estimator: str, normalize: bool = False) -> argparse.Namespace:
 
 
 def inputs_of(data: TrainData) -> AdvantageInputs:
+    """The advantage inputs of `data`; a share's carry its rows' rewards baselined on the rollout side."""
     masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
     log_probs = [torch.full((n,), -1.0) for n in data.response_lengths]
-    return AdvantageInputs(list(data.raw_rewards), list(data.group_ids), masks, log_probs)
+    inputs = AdvantageInputs(list(data.raw_rewards), list(data.group_ids), masks, log_probs)
+    inputs.baselined = list(data.baselined_rewards) if len(data.baselined_rewards) == len(data) else None
+    return inputs
+
+
+def shaped_split(ns: argparse.Namespace, data: TrainData, dp: int, per_step: int) -> list[RankShare]:
+    """The rollout side's shares: rewards shaped (group baselines) over the whole rollout, then split."""
+    return split_by_dp(shape_rewards(data, RewardShaping.from_args(ns)), dp, per_step)
 
 
 class ThreadAllReduce:
@@ -84,9 +93,7 @@ def on_shares(ns: argparse.Namespace, shares: list[RankShare]) -> list[torch.Ten
 
     def rank(share: RankShare) -> None:
         try:
-            scope = RolloutScope(
-                share.rows, share.rollout.raw_rewards, share.rollout.group_ids, lambda v: gather(share, v)
-            )
+            scope = RolloutScope(lambda v: gather(share, v))
             result = compute_advantages(ns, inputs_of(share.data), None, scope)
             out.update(zip(share.rows, result.advantages, strict=True))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
@@ -122,7 +129,10 @@ def test_shares_partition_every_step(dp: int, per_step: int) -> None:
     for share in shares:
         assert share.rows == sorted(share.rows)
         assert share.data.tokens == [data.tokens[r] for r in share.rows]
-        assert share.rollout.raw_rewards == REWARDS and share.rollout.group_ids == GROUPS
+        # Its own rows' rewards and groups; of the whole rollout only its size.
+        assert share.data.raw_rewards == [REWARDS[r] for r in share.rows]
+        assert share.data.group_ids == [GROUPS[r] for r in share.rows]
+        assert share.rollout == RolloutSummary(len(data))
         assert share.step_bounds == [(b, min(b + per_step, len(data))) for b in range(0, len(data), per_step)]
     for step, (begin, end) in enumerate(shares[0].step_bounds):
         # Each step is split over the ranks as balanced_split splits that step's sequences.
@@ -143,7 +153,7 @@ def test_length_multiple_rounds_before_balancing() -> None:
 @pytest.mark.parametrize(("dp", "per_step"), [(2, 8), (3, 4), (4, 2)])
 def test_advantages_on_shares_equal_the_whole_rollouts(estimator: str, normalize: bool, dp: int, per_step: int) -> None:
     data, ns = rollout(), args(estimator, normalize)
-    shares = split_by_dp(data, dp, per_step)
+    shares = shaped_split(ns, data, dp, per_step)
     assert any(sum(g in s.data.group_ids for s in shares) > 1 for g in GROUPS), "no group spans ranks: no test"
     whole = compute_advantages(ns, inputs_of(data)).advantages
     for got, want in zip(on_shares(ns, shares), whole, strict=True):
@@ -151,7 +161,7 @@ def test_advantages_on_shares_equal_the_whole_rollouts(estimator: str, normalize
 
 
 def test_grpo_on_shares_hand_computed() -> None:
-    shares = split_by_dp(rollout(), 3, 4)
+    shares = shaped_split(args("grpo"), rollout(), 3, 4)
     got = [float(a[0]) for a in on_shares(args("grpo"), shares)]
     # Group 0 [1, 0, 1, 0]: mean 0.5, unbiased std 1/sqrt(3). Group 1 [3, 0, 0]: mean 1, deviations [2, -1, -1],
     # unbiased std sqrt(3). Group 2 has one sample: 0.

@@ -160,9 +160,9 @@ def test_an_adapters_share_holds_its_samples_alone() -> None:
     share = split_by_dp(build_train_data(groups), 1, 4)[0]
     assert adapter_names(share) == ["a", "b"]
     a = adapter_share(share, "a")
-    assert a.data.sample_indices == [0, 1, 4, 5] and a.rollout.sample_indices == [0, 1, 4, 5]
+    assert a.data.sample_indices == [0, 1, 4, 5] and len(a.rollout) == 4 and a.rollout.lora_adapters == ["a"] * 4
     assert a.step_bounds == [(0, 2), (2, 4)] and a.steps == [[0, 1], [2, 3]]  # the b-only third step is dropped
-    assert a.rows == [0, 1, 2, 3] and a.rollout.raw_rewards == [0.0, 1.0, 2.0, 3.0]
+    assert a.rows == [0, 1, 2, 3] and a.data.raw_rewards == [0.0, 1.0, 2.0, 3.0]
     b = adapter_share(share, "b")
     assert b.step_bounds == [(0, 2), (2, 4), (4, 8)] and b.data.group_ids == [1, 1, 3, 3, 4, 4, 5, 5]
     plain = split_by_dp(build_train_data([[Sample(index=0, tokens=[1, 2], response_length=1, reward=1.0)]]), 1, 1)[0]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from buffer.group_rewards import RewardShaping, shape_rewards
 from buffer.train_data import RankShare, TrainData, split_by_dp
 from slime_like.trainer.algorithms.advantages import AdvantageInputs
 from slime_like.trainer.algorithms.loss import policy_loss_fn
@@ -44,7 +45,8 @@ def _share() -> RankShare:
         sample_indices=[0, 1, 2, 3],
         weight_versions=[0, 0, 0, 0],
     )
-    return split_by_dp(data, dp_size=1, global_batch_size=4)[0]
+    # As the rollout side hands it over: rewards shaped (Dr.GRPO's group baselines) before the split.
+    return split_by_dp(shape_rewards(data, RewardShaping.from_args(_args())), dp_size=1, global_batch_size=4)[0]
 
 
 def _forwards(old: float = -1.0) -> Forwards:

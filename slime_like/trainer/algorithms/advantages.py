@@ -9,8 +9,9 @@ With --use-opd every estimator's (and a custom one's) advantages also take the t
 (opd.py). With --normalize-advantages the result is then whitened over all loss-masked tokens of the rollout
 (REINFORCE++ always is). Rewards arrive with DAPO's overlong penalty already added.
 
-A data-parallel rank holds only its share of the rollout (RolloutScope): group baselines are taken from every
-sample's reward (one scalar per sample, shipped with the share), whitening sums are gathered over the ranks.
+Group baselines need every sample of a group, and a group may span data-parallel ranks: the rollout side computes
+them before the split (buffer/group_rewards.py) and each rank's inputs carry its samples' `baselined` rewards. A rank
+holds only its share of the rollout (RolloutScope): whitening sums are gathered over the ranks.
 
 A custom estimator (--custom-advantage-function-path pkg.module.fn) has the signature
     fn(args: argparse.Namespace, inputs: AdvantageInputs) -> list[torch.Tensor] | Advantages
@@ -21,19 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
 
-from slime_like.trainer.algorithms.grpo import grpo_advantages
+from buffer.group_rewards import RewardShaping
 from slime_like.trainer.algorithms.kl import kl_estimate
 from slime_like.trainer.algorithms.names import ESTIMATORS
 from slime_like.trainer.algorithms.opd import opd_advantages
 from slime_like.trainer.algorithms.ppo import gae
-from slime_like.trainer.algorithms.reinforce_pp import group_centred, reinforce_pp_advantages
+from slime_like.trainer.algorithms.reinforce_pp import reinforce_pp_advantages
 from slime_like.trainer.algorithms.returns import RowGather, _whole, masked_whiten, shaped_token_rewards
-from slime_like.trainer.algorithms.rloo import rloo_advantages
 
 
 @dataclass
@@ -52,15 +51,16 @@ class AdvantageInputs:
     rewards_normalized: bool = False
     teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd: the teacher's, of the sampled tokens
     tokens: list[list[int]] | None = None  # prompt and response (slime's advantage functions read them)
+    # The rewards after the estimator's group baseline, computed where the whole group is (the rollout side:
+    # buffer.group_rewards). None: computed here from rewards and group_ids, which must then cover whole groups.
+    baselined: list[float] | None = None
 
 
 @dataclass
 class RolloutScope:
-    """Where AdvantageInputs' samples sit when they are one data-parallel rank's share of the rollout."""
+    """AdvantageInputs' samples are one data-parallel rank's share of the rollout (their groups may span ranks:
+    the inputs must carry their `baselined` rewards)."""
 
-    rows: list[int]  # the inputs' samples' positions in the rollout
-    rewards: list[float]  # every sample's reward (with the overlong penalty), in rollout order
-    group_ids: list[int]  # every sample's group
     gather: RowGather  # per-row values of this rank's rows -> those of every row, in rollout order
 
 
@@ -115,32 +115,29 @@ def compute_advantages(
     return result
 
 
-def _by_group(
-    fn: Callable[[list[float], list[int]], list[float]], inputs: AdvantageInputs, scope: RolloutScope | None
-) -> list[float]:
-    """fn(rewards, group_ids) of the inputs' samples, computed over their whole groups (the rollout's, with a
-    scope: a group may span ranks)."""
-    if scope is None:
-        return fn(inputs.rewards, inputs.group_ids)
-    every = fn(scope.rewards, scope.group_ids)
-    return [every[r] for r in scope.rows]
+def _baselined(args: Any, inputs: AdvantageInputs, scope: RolloutScope | None) -> list[float]:
+    """The inputs' rewards after the estimator's group baseline: shipped with them, or (the whole rollout held
+    here) computed from their groups."""
+    if inputs.baselined is not None:
+        return inputs.baselined
+    if scope is not None:
+        raise ValueError(
+            "a rank's share of the rollout carries no baselined rewards: the rollout side computes the group "
+            "baselines before the split (buffer.group_rewards.shape_rewards)"
+        )
+    shaping = RewardShaping.from_args(args)
+    return shaping.baselined(inputs.rewards, inputs.group_ids, inputs.rewards_normalized)
 
 
 def _builtin(args: Any, inputs: AdvantageInputs, scope: RolloutScope | None = None) -> Advantages:
     name, masks, rewards = args.advantage_estimator, inputs.loss_masks, inputs.rewards
     gather = scope.gather if scope is not None else _whole
-    # --disable-rewards-normalization (slime's rewards_normalization False): the rewards go in as they are.
-    raw = inputs.rewards_normalized or not getattr(args, "rewards_normalization", True)
-    if name in ("grpo", "gspo", "cispo"):
-        use_std = not args.disable_grpo_std_normalization
-        scalars = rewards if raw else _by_group(partial(grpo_advantages, use_std=use_std), inputs, scope)
-        return Advantages(_broadcast(scalars, masks))
-    if name == "rloo":
-        return Advantages(_broadcast(_by_group(rloo_advantages, inputs, scope), masks))
+    if name in ("grpo", "gspo", "cispo", "rloo"):  # the baselined reward is the advantage, on every token
+        return Advantages(_broadcast(_baselined(args, inputs, scope), masks))
     kls = _kls(inputs, args.kl_coef)
     if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        if name == "reinforce_plus_plus_baseline" and not raw:
-            rewards = _by_group(group_centred, inputs, scope)  # the group baseline, before the token returns
+        if name == "reinforce_plus_plus_baseline":
+            rewards = _baselined(args, inputs, scope)  # the group baseline, before the token returns
         advantages, returns = reinforce_pp_advantages(rewards, masks, kls, args.kl_coef, args.gamma, gather=gather)
         return Advantages(advantages, returns)
     if name == "ppo":

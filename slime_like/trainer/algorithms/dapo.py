@@ -8,17 +8,12 @@ L_max the generation budget (--rollout-max-response-len) and L_cache the buffer
                 = -1                             if |y| > L_max
 added to the task reward (times --overlong-penalty-factor). DAPO's other pieces live elsewhere:
 clip-higher is --eps-clip-high, the token-level loss is --loss-agg-mode token-mean, and dynamic
-sampling is the rollout's --dynamic-sampling-filter-path.
+sampling is the rollout's --dynamic-sampling-filter-path. The rollout side adds the penalty to each reward before
+the group baselines (buffer/group_rewards.py, where the function lives).
 """
 
 from __future__ import annotations
 
+from buffer.group_rewards import overlong_penalty
 
-def overlong_penalty(response_length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
-    """The (non-positive) soft overlong penalty of one response."""
-    expected = max_len - buffer_len
-    if response_length <= expected:
-        return 0.0
-    if response_length <= max_len:
-        return factor * (expected - response_length) / buffer_len
-    return -factor
+__all__ = ["overlong_penalty"]

@@ -5,14 +5,15 @@ Models", arXiv:2501.03262): no critic and no per-prompt baseline; the advantage 
 return G_t under KL-shaped token rewards (see returns.py: r_t = -beta * kl_t, plus the sequence
 reward on the last token), whitened with the mean and std of all tokens of the global batch.
 REINFORCE++-baseline first subtracts the mean reward of the sample's prompt group from its reward
-(the group baseline), then does the same; the batch normalisation replaces GRPO's per-group std.
+(the group baseline: group_centred, computed on the rollout side where the whole group is, buffer/group_rewards.py),
+then does the same; the batch normalisation replaces GRPO's per-group std.
 """
 
 from __future__ import annotations
 
 import torch
 
-from slime_like.trainer.algorithms.grpo import by_group, normalize_group_rewards
+from buffer.group_rewards import group_centred
 from slime_like.trainer.algorithms.returns import (
     RowGather,
     _whole,
@@ -20,15 +21,6 @@ from slime_like.trainer.algorithms.returns import (
     masked_whiten,
     shaped_token_rewards,
 )
-
-
-def group_centred(rewards: list[float], group_ids: list[int]) -> list[float]:
-    """Each reward minus its group's mean (the REINFORCE++-baseline)."""
-    out = list(rewards)
-    for rows in by_group(group_ids).values():
-        for i, c in zip(rows, normalize_group_rewards([rewards[i] for i in rows], use_std=False), strict=True):
-            out[i] = c
-    return out
 
 
 def reinforce_pp_advantages(

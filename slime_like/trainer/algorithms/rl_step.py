@@ -5,11 +5,12 @@ the teacher's), RLStep computes advantages (advantages.py), off-policy weights (
 metrics into one row per sample (rows.TrainRow), then each optimizer step's rows with their token weights of
 --loss-agg-mode (aggregation.py). The trainer rank (slime_like/trainer/actor.py) runs the forwards and the train steps.
 
-A rank holds only its share (buffer.train_data.RankShare) and the rollout-wide scalars. Group baselines come
-from those scalars; whatever sums over the whole rollout or step (whitening, the aggregation's counts, metrics)
-gathers one number per sample over the DP ranks into rollout order (Collectives.rows), so every rank adds the
-same numbers in the same order as a single process would. Log-probs never leave their rank, except for a custom
-advantage function, which sees the whole rollout.
+A rank holds only its share (buffer.train_data.RankShare): its rows, with their rewards already shaped on the
+rollout side (the overlong penalty and the group baselines, buffer/group_rewards.py), and the rollout's size.
+Whatever sums over the whole rollout or step (whitening, the aggregation's counts, metrics, the checks that every
+sample has a column) gathers one number per sample over the DP ranks into rollout order (Collectives.rows), so every
+rank adds the same numbers in the same order as a single process would, and a check fails alike on every rank.
+Log-probs never leave their rank, except for a custom advantage function, which sees the whole rollout.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any, Protocol
 
 import torch
 
+from buffer.group_rewards import RewardShaping
 from buffer.train_data import RankShare
 from slime_like.trainer.algorithms.advantages import AdvantageInputs, Advantages, RolloutScope, compute_advantages
 from slime_like.trainer.algorithms.aggregation import token_weights
-from slime_like.trainer.algorithms.dapo import overlong_penalty
 from slime_like.trainer.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
 from slime_like.trainer.algorithms.rows import TrainRow
 from slime_like.trainer.algorithms.step_hooks import StepHooks
@@ -66,15 +67,23 @@ class Forwards:
     teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd
 
 
-def every_sample(share: RankShare, column: str, flag: str, hint: str) -> list[Any]:
-    """This rank's values of a per-sample column `flag` needs, or an error (the same on every rank: the check
-    reads the rollout-wide flags) naming the samples that lack it and how to fill it."""
-    whole = share.rollout
-    has = whole.has_teacher_log_probs if column == "teacher_log_probs" else whole.has_routed_experts
-    missing = [whole.sample_indices[i] for i, ok in enumerate(has) if not ok]
+def lacking(share: RankShare, collectives: Collectives, column: str) -> int:
+    """How many of the rollout's samples have no `column` (None there, or no such column): each rank marks its own
+    rows, one all-reduce adds the marks, and every rank gets the same count."""
+    values = getattr(share.data, column) or [None] * len(share)
+    return round(sum(collectives.rows(share, [float(v is None) for v in values])))
+
+
+def every_sample(share: RankShare, collectives: Collectives, column: str, flag: str, hint: str) -> list[Any]:
+    """This rank's values of a per-sample column `flag` needs, or an error (the same on every rank) naming the
+    samples that lack it, gathered from their ranks, and how to fill it."""
+    missing = lacking(share, collectives, column)
     if missing:
+        values, names = getattr(share.data, column) or [None] * len(share), share.data.sample_indices or share.rows
+        mine = [(row, names[i]) for i, (row, v) in enumerate(zip(share.rows, values, strict=True)) if v is None]
+        indices = [index for _, index in sorted(pair for part in collectives.objects(mine) for pair in part)]
         raise ValueError(
-            f"{flag}: {len(missing)} of {len(whole)} samples have no {column} (sample indices {missing[:8]}): {hint}"
+            f"{flag}: {missing} of {len(share.rollout)} samples have no {column} (sample indices {indices[:8]}): {hint}"
         )
     return getattr(share.data, column)
 
@@ -97,42 +106,44 @@ class RLStep:
 
     def rl_rows(self, share: RankShare, forwards: Forwards) -> tuple[list[TrainRow], dict[str, float]]:
         """Advantages and off-policy weights of this rank's samples, as rows, and the rollout's metrics."""
-        args, data, whole = self.args, share.data, share.rollout
+        args, data = self.args, share.data
         lengths = data.response_lengths
         masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
         old_lp, ref_lp, values = forwards.old_log_probs, forwards.ref_log_probs, forwards.values
         rollout_lp = [None if r is None else torch.tensor(r, dtype=torch.float32) for r in data.rollout_log_probs]
-        rewards, every_reward = list(data.raw_rewards), list(whole.raw_rewards)
+        if len(data.rewards) != len(data) or len(data.baselined_rewards) != len(data):
+            raise ValueError(
+                "a rank's share carries no shaped rewards: the rollout side shapes them before the split "
+                "(buffer.group_rewards.shape_rewards)"
+            )
         metrics: dict[str, float] = {}
-        if args.overlong_buffer_len:
-
-            def penalty(n: int) -> float:
-                return overlong_penalty(
-                    n, args.rollout_max_response_len, args.overlong_buffer_len, args.overlong_penalty_factor
-                )
-
-            every = [penalty(n) for n in whole.response_lengths]
-            every_reward = [r + p for r, p in zip(every_reward, every, strict=True)]
-            rewards = [every_reward[i] for i in share.rows]
+        if args.overlong_buffer_len:  # the mean over the rollout of the penalty the rollout side added
+            shaping = RewardShaping.from_args(args)
+            every = self.collectives.rows(share, [shaping.penalty(n) for n in lengths])
             metrics["train/overlong_penalty_mean"] = sum(every) / max(1, len(every))
-        normalized = bool(whole.reward_normalized) and all(whole.reward_normalized)  # by a slime post-process
-        inputs = AdvantageInputs(rewards, data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized)
+        normalized = share.rollout.rewards_normalized  # by a slime post-process
+        inputs = AdvantageInputs(
+            list(data.rewards), data.group_ids, masks, old_lp, ref_lp, rollout_lp, values, normalized,
+            baselined=list(data.baselined_rewards),
+        )  # fmt: skip
         if args.use_opd:
             inputs.teacher_log_probs = forwards.teacher_log_probs
         if self.hooks.advantage is not None:
             inputs.tokens = data.tokens
             result = self._custom_advantages(share, inputs)
         else:
-            scope = RolloutScope(share.rows, every_reward, whole.group_ids, partial(self.collectives.rows, share))
-            result = compute_advantages(args, inputs, None, scope)
+            result = compute_advantages(args, inputs, None, RolloutScope(partial(self.collectives.rows, share)))
         if values is not None and result.returns is None:
             raise ValueError("--custom-advantage-function-path with ppo must return Advantages(advantages, returns)")
-        is_weights = self._is_weights(share, old_lp, rollout_lp, masks)
+        without = lacking(share, self.collectives, "rollout_log_probs")  # samples SGLang gave no log-probs
+        is_weights = self._is_weights(without, old_lp, rollout_lp, masks)
         old = (
-            self._require_rollout(share, rollout_lp, "--use-rollout-logprobs") if args.use_rollout_logprobs else old_lp
+            self._require_rollout(without, rollout_lp, "--use-rollout-logprobs")
+            if args.use_rollout_logprobs
+            else old_lp
         )
         if self.hooks.needs_rollout_log_probs:
-            self._require_rollout(share, rollout_lp, self.hooks.needs_rollout_log_probs)
+            self._require_rollout(without, rollout_lp, self.hooks.needs_rollout_log_probs)
         extra = self.hooks.row_fields
         rows: list[TrainRow] = []
         for i, mask in enumerate(masks):
@@ -155,7 +166,8 @@ class RLStep:
             if "rollout_log_probs" in extra and rollout_lp[i] is not None:
                 row["rollout_log_probs"] = rollout_lp[i]  # type: ignore[typeddict-item]
             rows.append(row)
-        metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights))
+        with_lp = without < len(share.rollout)
+        metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights, with_lp))
         if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
             tokens = max(1.0, sum(self.collectives.rows(share, [float(m.sum()) for m in masks])))
             kl = sum(self.collectives.rows(share, [float(k.sum()) for k in result.opd_reverse_kl]))
@@ -213,18 +225,16 @@ class RLStep:
 
         return AdvantageInputs(**{f.name: column(f.name) for f in fields(AdvantageInputs)})
 
-    def _require_rollout(
-        self, share: RankShare, rollout_lp: list[torch.Tensor | None], flag: str
-    ) -> list[torch.Tensor]:
-        """SGLang's log-probs of this rank's samples, or the same error on every rank if any sample lacks them."""
-        missing = share.rollout.has_rollout_log_probs.count(False)
+    def _require_rollout(self, missing: int, rollout_lp: list[torch.Tensor | None], flag: str) -> list[torch.Tensor]:
+        """SGLang's log-probs of this rank's samples, or the same error on every rank if any of the rollout's
+        `missing` samples lack them."""
         if missing:
             raise ValueError(f"{flag} needs SGLang's log-probs, but {missing} samples have none")
         return rollout_lp  # type: ignore[return-value]
 
     def _is_weights(
         self,
-        share: RankShare,
+        missing: int,
         old_lp: list[torch.Tensor],
         rollout_lp: list[torch.Tensor | None],
         masks: list[torch.Tensor],
@@ -239,7 +249,7 @@ class RLStep:
             flag, weigh = "--use-decoupled-loss", lambda d, m: decoupled_weights(d, args.behav_imp_weight_cap)
         else:
             return None
-        behaviour = self._require_rollout(share, rollout_lp, flag)
+        behaviour = self._require_rollout(missing, rollout_lp, flag)
         return [weigh(o - b, m) for o, b, m in zip(old_lp, behaviour, masks, strict=True)]
 
     def _rollout_metrics(
@@ -250,6 +260,7 @@ class RLStep:
         old_lp: list[torch.Tensor],
         rollout_lp: list[torch.Tensor | None],
         is_weights: list[torch.Tensor] | None,
+        with_rollout_lp: bool,
     ) -> dict[str, float]:
         """Advantage statistics, train/rollout mismatch (where SGLang gave log-probs) and IS weight use, over the
         whole rollout (sums of every rank's samples, added in rollout order)."""
@@ -262,7 +273,7 @@ class RLStep:
         mean = total([float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
         var = total([float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)]) / tokens
         metrics = {"train/advantage_mean": mean, "train/advantage_std": var**0.5}
-        if any(share.rollout.has_rollout_log_probs):
+        if with_rollout_lp:  # some sample of the rollout has SGLang's log-probs
             low, high = self.args.mis_low, self.args.mis_high
             parts = [
                 {} if r is None else mismatch_sums(o, r, m, low, high)
