@@ -35,8 +35,8 @@ CPU_MAX_TOTAL_TOKENS = 65536
 # its circuit breaker takes the engine out for 60 s (seen in scripts/bench/bench_fully_async.py's sync loop, whose
 # log-prob + train + update took ~4-5 s). The server keeps idle connections longer than the router pools them.
 KEEP_ALIVE_ENV = {"SGLANG_TIMEOUT_KEEP_ALIVE": "3600"}
-# On CPU, SGLang's routed-experts capture (R3) and its LoRA manager need their host tensors unpinned:
-# rollout/sglang_launch.py says why.
+# On CPU, SGLang's routed-experts capture (R3) and its LoRA manager need their host tensors unpinned, and on every
+# device a LoRA server gets the one-request adapter swap: rollout/sglang_launch.py says why.
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 LORA_FLAGS = ("--enable-lora", "--lora-paths")
 # SGLang's default LoRA backend (csgmv) and triton run Triton kernels; its torch_native backend runs on CPU.
@@ -131,8 +131,10 @@ class SGLangServer:
         """The launch command and the extra environment for this server."""
         on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")) == "cpu"
         env = {k: v for k, v in KEEP_ALIVE_ENV.items() if k not in os.environ}
-        hooked = any(flag in self.extra_args for flag in (ROUTED_EXPERTS_FLAG, *LORA_FLAGS))
-        module = "rollout.sglang_launch" if on_cpu and hooked else "sglang.launch_server"
+        lora = any(flag in self.extra_args for flag in LORA_FLAGS)
+        # LoRA servers (any device) for the one-request adapter swap; on CPU R3 too, for the unpinning hooks.
+        hooked = lora or (on_cpu and ROUTED_EXPERTS_FLAG in self.extra_args)
+        module = "rollout.sglang_launch" if hooked else "sglang.launch_server"
         if self.api_key:  # handed over in the environment: a command line is world-readable on the node
             cmd = [sys.executable, "-c", LAUNCH_WITH_KEY, module]
             env[API_KEY_ENV] = self.api_key
@@ -160,7 +162,6 @@ class SGLangServer:
             cmd += ["--dtype", self.dtype]
         if needs_remote_code(self.model_path) and "--trust-remote-code" not in self.extra_args:
             cmd.append("--trust-remote-code")  # as the trainer reads the config (slime_like/core/hf_config.py)
-        lora = any(flag in self.extra_args for flag in LORA_FLAGS)
         if on_cpu and lora and "--lora-backend" not in self.extra_args:
             cmd += ["--lora-backend", CPU_LORA_BACKEND]
         return cmd + self.extra_args, env

@@ -6,24 +6,28 @@
 The model is bench_weights.py's (tools/make_tiny_model.py: Qwen3, hidden 1024, ffn 3072, 8 layers, untied, fp32),
 loaded into a one-rank Megatron engine with LoRA adapters on it (B drawn at random, so the served policy is not the
 base). One fp32 SGLang server serves the base with LoRA enabled (on CPU the torch_native LoRA backend), and the same
-run times, best of --repeats after a warm-up:
-- the full-weight update with each --transports kind (the whole HF model, as a full-weight run sends it),
-- the LoRA update (weights/lora.py) on both media: from shared memory (lora/tensor, the default when the servers
-  run on this machine: copy into a shared buffer, unload, /load_lora_adapter_from_tensors) and from disk
-  (lora/disk: write the PEFT directory, unload, load it by path).
-Each row gives the bytes moved, the whole update (pause, flush, send, version tag, continue) and the data path
-alone (the transport's send); the last column is the row's seconds over lora/tensor's (goal >= 20 for full rows).
-More rows price the LoRA update's parts: "protocol only" is the update with nothing sent (pause, flush, version
-tag, continue: the floor of any update); each medium's send split into export, prepare, unload and load; and one request
-through SGLang's tokenizer manager and scheduler that does no work (the floor of the unload and of the load).
-All best of --repeats. At the end the served log-probs under the adapter are compared with the
-trainer's (a sanity check of the figures).
+run times, in --rounds rounds of --repeats updates each (after a warm-up update), best and median over all rounds:
+- the full-weight update with each --transports kind (the whole HF model, as a full-weight run sends it: pause,
+  flush, send, version tag, continue);
+- the LoRA update (weights/lora.py) on both media, each one request per server (rollout/sglang_launch.py's swap:
+  pause, unload, load, version tag, continue inside the server): from shared memory (lora/tensor, the default when
+  the servers run on this machine: the adapter copied into a shared buffer in SGLang's stacked layout, loaded from
+  its handles) and from disk (lora/disk: the PEFT directory written, loaded by path); and lora/tensor as five
+  separate requests, as for a server started without rollout.sglang_launch.
+The last column is the full rows' seconds over lora/tensor's (goal >= 20), and a line gives that ratio for the first
+full kind in each round (the rows of one round ran minutes apart at most, under about the same load). Then the LoRA update from shared memory
+split into its phases (the export from Megatron, the copy into the shared buffer with the serialization of its
+handles, the request; within the request the server's own steps, and the rest: HTTP, JSON, the tokenizer manager),
+and two floors: one request through SGLang's HTTP server that does no work (POST /update_weight_version on a kept
+connection) and one swap of no adapter (pause and continue). At the end the served log-probs under the adapter are
+compared with the trainer's (a sanity check of the figures). The load average is printed before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -44,87 +48,95 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=32.0)
     p.add_argument("--target-modules", default="all-linear")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="timed updates per row and round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over every row (the load changes between them)")
     p.add_argument("--transports", nargs="+", default=["distributed", "tensor", "disk"], help="full-weight kinds")
     return p.parse_args(argv)
 
 
-def best_update(channel, export, repeats: int, version: list[int]) -> tuple[float, float]:
-    """Best of `repeats` whole updates and of `repeats` bare sends, after one warm-up update."""
-    full = send = float("inf")
+def load_average() -> str:
+    """The 1-minute load average (other jobs on the same cores skew every figure)."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def timed_updates(channel, export, repeats: int, version: list[int], each=None) -> list[float]:
+    """Seconds of `repeats` whole updates after one warm-up; `each(channel)` after every timed one."""
+    seconds = []
     for i in range(repeats + 1):
         version[0] += 1
         start = time.perf_counter()
         channel.update(export(), version[0])
         if i:
-            full = min(full, time.perf_counter() - start)
-    for _ in range(repeats):
-        version[0] += 1
-        start = time.perf_counter()
-        channel.send(export(), version[0])
-        send = min(send, time.perf_counter() - start)
-    return full, send
+            seconds.append(time.perf_counter() - start)
+            if each is not None:
+                each(channel)
+    return seconds
 
 
-def protocol_only(urls: list[str]):
-    """A transport that sends nothing: its update is the protocol alone."""
-    from slime_like.trainer.weights.base import WeightTransport
-
-    class Nothing(WeightTransport):
-        name = "nothing"
-
-        def send(self, named_tensors, version: int) -> None:
-            """Send nothing."""
-
-    return Nothing(urls, bucket_bytes=0, timeout_s=600)
+def best_and_median(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
 
 
-def lora_parts(lora, export, repeats: int) -> dict[str, float]:
-    """Best seconds of the LoRA send's parts on its medium: export (Megatron to PEFT-named tensors), prepare
-    (tensor: copy into the shared buffer and serialize the handles; disk: write the PEFT directory), unload the
-    adapter, load the new one."""
-    from rollout import sglang_client as client
-    from slime_like.trainer.megatron.lora import write_adapter
+class Phases:
+    """The LoRA update's phases, recorded after each timed update (`record`): the transport's prepare (export, copy
+    into the shared buffer, serialization) and request, the server's steps within the request, and the export
+    timed apart (`time_export`), from which copy and serialization = prepare - export."""
 
-    url, target = lora.server_urls[0], lora.directory / "parts"
-    best = dict.fromkeys(("export", "prepare", "unload", "load"), float("inf"))
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tensors = dict(export())
-        best["export"] = min(best["export"], time.perf_counter() - start)
-        start = time.perf_counter()
-        if lora.medium == "tensor":
-            source, load = lora._share(tensors), client.load_lora_adapter_from_tensors
-        else:
-            source, load = (
-                (str(write_adapter(target, tensors, lora.settings, lora.base_model)),),
-                client.load_lora_adapter,
-            )
-        best["prepare"] = min(best["prepare"], time.perf_counter() - start)
-        start = time.perf_counter()
-        client.unload_lora_adapter(url, lora.adapter_name, 600, held=True)
-        best["unload"] = min(best["unload"], time.perf_counter() - start)
-        start = time.perf_counter()
-        load(url, lora.adapter_name, *source, 600)
-        best["load"] = min(best["load"], time.perf_counter() - start)
-    return best
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds.setdefault(name, []).append(seconds)
+
+    def record(self, channel) -> None:
+        steps = channel.server_timings[channel.server_urls[0]]
+        for name, seconds in channel.timings.items():
+            self.add(name, seconds)
+        for name, seconds in steps.items():
+            self.add(f"server: {name}", seconds)
+        self.add("server: all steps", sum(steps.values()))
+        self.add("request minus server steps", channel.timings["requests"] - sum(steps.values()))
+
+    def time_export(self, export, repeats: int) -> None:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dict(export())
+            self.add("export", time.perf_counter() - start)
+
+    def table(self) -> list[str]:
+        self.seconds["copy and serialize"] = [
+            max(0.0, p - min(self.seconds["export"])) for p in self.seconds["prepare"]
+        ]
+        lines = []
+        for name in ("prepare", "export", "copy and serialize", "requests", "server: all steps", "server: pause",
+                     "server: unload", "server: load", "server: continue", "request minus server steps"):  # fmt: skip
+            if name in self.seconds:
+                best, median = best_and_median(self.seconds[name])
+                lines.append(f"  {name:<38}{best * 1e3:>6.2f}{median * 1e3:>8.2f}")
+        return lines
 
 
-def round_trip(url: str, repeats: int) -> float:
-    """Best seconds of one request through SGLang's HTTP server, tokenizer manager and scheduler with no work
-    in it (/flush_cache on an idle server): the floor of every unload and load."""
+def floors(url: str, repeats: int) -> tuple[float, float]:
+    """Best seconds of one request that does no work through SGLang's HTTP server (kept connection), and of one
+    swap of no adapter (pause and continue in one request)."""
     from rollout import sglang_client as client
 
-    best = float("inf")
-    for _ in range(repeats * 4):
+    server = client.KeptAlive(url)
+    bare = swap = float("inf")
+    version = client.weight_version(url)
+    for _ in range(repeats * 2):
         start = time.perf_counter()
-        client.post(url, "/flush_cache", timeout=60)
-        best = min(best, time.perf_counter() - start)
-    return best
+        server.post("/update_weight_version", {"new_version": version, "abort_all_requests": False}, 60)
+        bare = min(bare, time.perf_counter() - start)
+        start = time.perf_counter()
+        client.swap_lora_adapters(server, [], version, timeout=60)
+        swap = min(swap, time.perf_counter() - start)
+    server.close()
+    return bare, swap
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Make the model, start one LoRA-enabled server, time the full and the LoRA updates, print the table."""
+    """Make the model, start one LoRA-enabled server, time the full and the LoRA updates, print the tables."""
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -139,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     from slime_like.trainer.weights.check import probe_tokens, served_logprobs, trainer_logprobs
     from slime_like.trainer.weights.lora import LoraTransport
 
+    load_before = load_average()
     targets = resolve_targets(args.target_modules)
     settings = LoraSettings(args.lora_rank, args.lora_alpha, targets=targets)
     with tempfile.TemporaryDirectory(prefix="bench_lora_") as tmp:
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
                 if name.endswith(".lora.B"):
                     param.copy_(torch.randn(param.shape, generator=g) * 0.02)
         full_bytes = sum(t.numel() * t.element_size() for _, t in engine.export_hf_weights())
-        lora_bytes = sum(t.numel() * t.element_size() for _, t in engine.export_adapter())
+        peft_bytes = sum(t.numel() * t.element_size() for _, t in engine.export_adapter())
         server = SGLangServer(
             model,
             dtype="float32",
@@ -163,47 +176,61 @@ def main(argv: list[str] | None = None) -> None:
         version = [0]
         print(
             f"model: {model} ({full_bytes / 1e6:.0f} MB fp32), LoRA rank {settings.rank} alpha {settings.alpha:g} on "
-            f"{','.join(targets)} ({lora_bytes / 1e6:.2f} MB of adapter tensors), one server, best of "
-            f"{args.repeats}, {torch.get_num_threads()} torch thread(s)"
+            f"{','.join(targets)} ({peft_bytes / 1e6:.2f} MB of PEFT tensors), one server, {args.rounds} rounds of "
+            f"{args.repeats} updates per row, {torch.get_num_threads()} torch thread(s); load average {load_before} "
+            "before"
         )
         try:
             server.start()
             url = server.url
-            rows = []
-            for kind in args.transports:
-                channel = transport(kind, [url], args.bucket_mb * 1024**2, model, work / "disk")
-                try:
-                    rows.append((f"full/{kind}", full_bytes, *best_update(channel, engine.export_hf_weights,
-                                                                          args.repeats, version)))  # fmt: skip
-                finally:
-                    channel.close()
-            media = {}
+            channels = {f"full/{kind}": transport(kind, [url], args.bucket_mb * 1024**2, model, work / "disk")
+                        for kind in args.transports}  # fmt: skip
             for medium in ("tensor", "disk"):  # one server on this machine: "auto" picks tensor
-                media[medium] = LoraTransport([url], settings, str(model), work / "lora", timeout_s=600, medium=medium)
-                lora_full, lora_send = best_update(media[medium], engine.export_adapter, args.repeats, version)
-                rows.append((f"lora/{medium}", media[medium].bytes_sent, lora_full, lora_send))
-            lora_full = rows[-2][2]  # the ratios are against the LoRA update from shared memory (the default here)
-            rows.append(("protocol only", 0, *best_update(protocol_only([url]), lambda: [], args.repeats, version)))
-            print(f"{'update':<18}{'MB moved':>10}{'update s':>10}{'send s':>9}{'/ lora':>11}")
-            for name, nbytes, full, send in rows:
-                ratio = full / lora_full
-                mark = (
-                    "" if not name.startswith("full") else ("  goal met" if ratio >= GOAL else f"  goal >= {GOAL:g}x")
+                channels[f"lora/{medium}"] = LoraTransport(
+                    [url], settings, str(model), work / "lora", timeout_s=600, medium=medium
                 )
-                print(f"{name:<18}{nbytes / 1e6:>10.2f}{full:>10.4f}{send:>9.4f}{ratio:>10.1f}x{mark}")
-            for medium, lora in media.items():
-                parts = lora_parts(lora, engine.export_adapter, args.repeats)
-                print(f"lora/{medium} send parts (best s): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()))
-            print(f"one request through SGLang's tokenizer manager and scheduler, no work (best s): "
-                  f"{round_trip(url, args.repeats):.4f}")  # fmt: skip
-            print(f"lora bytes moved: the flat shared buffer ({media['tensor'].bytes_sent} B) or the PEFT directory "
-                  f"({media['disk'].bytes_sent} B); q/k/v and gate/up each repeat the shared A; full: the exported "
-                  f"HF tensors ({full_bytes} B)")  # fmt: skip
+            channels["lora/tensor, 5 requests"] = LoraTransport(
+                [url], settings, str(model), work / "lora", timeout_s=600, medium="tensor"
+            )
+            channels["lora/tensor, 5 requests"].one_request = False
+            seconds: dict[str, list[float]] = {name: [] for name in channels}
+            ratios, parts = [], Phases()
+            for _ in range(args.rounds):  # every row in each round: rounds see the same load, ratios are per round
+                for name, channel in channels.items():
+                    export = engine.export_hf_weights if name.startswith("full") else engine.export_adapter
+                    each = parts.record if name == "lora/tensor" else None
+                    seconds[name] += (got := timed_updates(channel, export, args.repeats, version, each))
+                    if name == f"full/{args.transports[0]}":
+                        full_round = min(got)
+                    elif name == "lora/tensor":
+                        ratios.append(full_round / min(got))
+                parts.time_export(engine.export_adapter, args.repeats)
+            lora = min(seconds["lora/tensor"])
+            print(f"{'update':<26}{'MB moved':>9}{'best s':>9}{'median s':>10}{'full / lora':>13}")
+            for name, channel in channels.items():
+                nbytes = full_bytes if name.startswith("full") else channel.bytes_sent
+                best, median = best_and_median(seconds[name])
+                mark = ("  goal met" if best / lora >= GOAL else f"  goal >= {GOAL:g}x") if name[:4] == "full" else ""
+                print(f"{name:<26}{nbytes / 1e6:>9.2f}{best:>9.4f}{median:>10.4f}{best / lora:>12.1f}x{mark}")
+            print(f"full/{args.transports[0]} / lora/tensor, best of each round: "
+                  + ", ".join(f"{r:.1f}x" for r in ratios))  # fmt: skip
+            media = {medium: channels[f"lora/{medium}"] for medium in ("tensor", "disk")}
+            print("lora/tensor update by phase, all rounds (ms)  best  median")
+            print("\n".join(parts.table()))
+            bare, empty = floors(url, args.repeats)
+            print(f"floors (best ms): one request that does no work {bare * 1e3:.2f}; a swap of no adapter (pause and "
+                  f"continue) {empty * 1e3:.2f}")  # fmt: skip
+            print(f"lora bytes moved: the shared buffer in SGLang's stacked layout (q/k/v and gate/up A once: "
+                  f"{media['tensor'].bytes_sent} B) or the PEFT directory ({media['disk'].bytes_sent} B); full: the "
+                  f"exported HF tensors ({full_bytes} B)")  # fmt: skip
             probe = probe_tokens(engine.bridge.hf_config.vocab_size)
             served = served_logprobs(url, probe, lora_path=client.LORA_ADAPTER_NAME)
             worst = float((served - trainer_logprobs(engine, probe)).abs().max())
             moved = float((served - served_logprobs(url, probe)).abs().max())
             print(f"check: served under the adapter vs trainer {worst:.2g}; adapter vs base {moved:.2g}")
+            print(f"load average {load_average()} after")
+            for channel in channels.values():
+                channel.close()
         finally:
             server.stop()
             destroy_parallel()

@@ -4,6 +4,7 @@ Two named adapters load side by side, and one batch serves each request under th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,15 +21,20 @@ from slime_like.trainer.weights.lora import LoraTransport
 RANK, ALPHA, TARGETS = 4, 8.0, ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 TOLERANCE = 1e-4  # fp32 on both sides
 SEQUENCE = [287, 285, 224, 20, 21, 295, 224, 22, 23, 24, 34, 290, 29, 224, 22, 24, 26]
+KEEP_ALIVE_S = 2
 
 
 @pytest.fixture(scope="module")
 def lora_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    """A float32 server on the tiny Qwen3 with two slots for rank-4 adapters on every linear layer."""
+    """A float32 server on the tiny Qwen3 with two slots for rank-4 adapters on every linear layer; it closes a
+    connection idle for KEEP_ALIVE_S (the transport's kept connection must survive that)."""
     flags = sglang_lora_flags(RANK, TARGETS, adapters=2)
     server = SGLangServer(tiny_qwen3, dtype="float32", extra_args=flags, log_dir=tmp_path_factory.mktemp("l"))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SGLANG_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))
+        server.start()
     try:
-        yield server.start()
+        yield server
     finally:
         server.stop()
 
@@ -76,6 +82,52 @@ def test_adapter_updates_serve_the_trainers_logprobs(lora_server, tiny_qwen3, tm
     full = sum(p.stat().st_size for p in Path(tiny_qwen3).glob("*.safetensors"))
     assert 0 < transport.bytes_sent < full / 4, (transport.bytes_sent, full)
     print(f"adapter update: {transport.bytes_sent} bytes; full weights: {full} bytes; served vs trainer {worst:.2g}")
+
+
+def test_an_update_is_one_request_that_always_continues(lora_server, tiny_qwen3, tmp_path) -> None:
+    """An update is one request per server (rollout/sglang_launch.py's swap: pause, unload, load, version tag,
+    continue), which reports the server's seconds per step. The kept connection it goes on is opened again once the
+    server closed it. A load the server refuses fails the update with the server's reason, and generation goes on.
+    A server without the endpoint (plain sglang.launch_server) answers 404, and then the steps go as separate
+    requests; both ways serve the trainer's log-probs."""
+    from slime_like.core.errors import EngineError
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.lora import LoraSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
+
+    init_parallel(tp=1, pp=1, seed=1234)
+    settings = LoraSettings(RANK, ALPHA, targets=TARGETS)
+    engine = MegatronTrainEngine(tiny_qwen3, None, lora=settings)
+    with torch.no_grad():
+        for name, param in engine.model[0].named_parameters():
+            if name.endswith(".lora.B"):
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+    url = lora_server.url
+    transport = LoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora", medium="tensor")
+    transport.update(engine.export_adapter(), 11)
+    assert {"pause", "load", "continue"} <= set(transport.server_timings[url]), transport.server_timings
+    time.sleep(KEEP_ALIVE_S + 1)  # the server closes the idle kept connection
+    transport.update(engine.export_adapter(), 12)
+    assert client.weight_version(url) == "12"
+    assert check_servers(engine, [url], TOLERANCE, 0, "after a swap") < TOLERANCE
+    assert set(transport.server_timings[url]) == {"pause", "unload", "load", "continue"}
+
+    too_large = LoraTransport([url], LoraSettings(RANK * 2, ALPHA, targets=TARGETS), str(tiny_qwen3), tmp_path / "x")
+    with pytest.raises(EngineError, match="rank 8 is incompatible"):
+        too_large.update(engine.export_adapter(), 13)  # the server's adapters are rank 4 at most
+    answer = client.generate(url, SEQUENCE, {"max_new_tokens": 2, "temperature": 0}, timeout=30)
+    assert len(answer["output_ids"]) == 2  # generation continued after the failed update (a paused server hangs)
+    assert client.weight_version(url) == "12"  # and nothing was tagged
+
+    # A route the server lacks answers FastAPI's 404, which swap_lora_adapters reads as "no swap endpoint" (None).
+    assert client.KeptAlive(url).post("/no_such_route", {}, 30) == (404, {"detail": "Not Found"})
+    separate = LoraTransport([url], settings, str(tiny_qwen3), tmp_path / "lora", medium="tensor")
+    separate.one_request = False  # as for a server that answered None
+    separate.update(engine.export_adapter(), 15)
+    assert client.weight_version(url) == "15" and client.lora_adapters(url) == {client.LORA_ADAPTER_NAME: "__tensor__"}
+    assert check_servers(engine, [url], TOLERANCE, 0, "after separate requests") < TOLERANCE
+    transport.close()
+    separate.close()
 
 
 def test_two_adapters_serve_side_by_side_in_one_batch(lora_server, tiny_qwen3, tmp_path) -> None:

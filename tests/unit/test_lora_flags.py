@@ -84,3 +84,6 @@ def test_requests_name_the_adapter_in_a_lora_run_only(tiny_qwen3: Path) -> None:
     cmd, _ = SGLangServer(tiny_qwen3, port=30000, device="cpu", extra_args=["--enable-lora"]).command()
     # CPU: SGLang's LoRA manager needs the unpinning hooks (rollout.sglang_launch) and the torch_native backend.
     assert "rollout.sglang_launch" in cmd and cmd[cmd.index("--lora-backend") + 1] == "torch_native"
+    # GPU: SGLang's default backend, through rollout.sglang_launch too (its one-request adapter swap).
+    gpu, _ = SGLangServer(tiny_qwen3, port=30000, device="cuda", extra_args=["--enable-lora"]).command()
+    assert "rollout.sglang_launch" in gpu and "--lora-backend" not in gpu

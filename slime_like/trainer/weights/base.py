@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -50,16 +50,20 @@ class WeightTransport(abc.ABC):
     def update(self, named_tensors: NamedTensors, version: int, pause_mode: str = "abort") -> None:
         """Pause generation (`pause_mode`: SGLang's abort, retract or in_place), flush caches, send, tag `version`,
         continue generation (rollout/pause.py)."""
+        self.around(self.server_urls, lambda: self.send(named_tensors, version), version, pause_mode)
+
+    def around(self, urls: list[str], send: Callable[[], None], version: int, pause_mode: str) -> None:
+        """The protocol on the servers `urls`, with `send()` as its sending step."""
         timeout = self.timeout_s
         try:  # continued below also when a pause failed: a server left paused hangs every request
-            pause.pause_all(self.server_urls, pause_mode, timeout)
+            pause.pause_all(urls, pause_mode, timeout)
             if self.flush_cache:
-                pause.flush_paused(self.server_urls, pause_mode, max(3, int(timeout // 10)))
-            self.send(named_tensors, version)
-            client.on_all(self.server_urls, client.set_weight_version, version, timeout)
+                pause.flush_paused(urls, pause_mode, max(3, int(timeout // 10)))
+            send()
+            client.on_all(urls, client.set_weight_version, version, timeout)
         finally:
             try:
-                pause.continue_all(self.server_urls, timeout)
+                pause.continue_all(urls, timeout)
             except Exception as exc:  # the update's own error (if any) is the one to report
                 logger.warning("after a weight update: %r", exc)
 
