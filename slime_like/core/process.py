@@ -50,11 +50,15 @@ class ProcessStartError(RuntimeError):
 LISTEN_PORTS = (20000, 32000)
 
 
+# Its own generator: the trainer seeds the global one (cpu_compat.seed_all), so every process would draw alike.
+_PORT_DRAW = random.Random()
+
+
 def free_port(host: str = "127.0.0.1", low: int | None = None, high: int | None = None) -> int:
     """A port free on `host` right now, drawn from [low, high) (default LISTEN_PORTS); another process may
     still take it before it is bound, but not as an outgoing connection's source port."""
     low, high = (low, high) if low is not None and high is not None else LISTEN_PORTS
-    for port in random.sample(range(low, high), min(200, high - low)):
+    for port in _PORT_DRAW.sample(range(low, high), min(200, high - low)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
