@@ -4,8 +4,9 @@ scores like the trainer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,10 +25,10 @@ TOLERANCE = 1e-4  # fp32 on both sides, as the full-sync tests (test_weight_upda
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    """A server of this module's own: its weights change."""
-    with SGLangServer(tiny_qwen3, dtype="float32", log_dir=tmp_path_factory.mktemp("logs"), startup_timeout=300) as s:
-        yield s
+def server(pause_server: SGLangServer) -> SGLangServer:
+    """The session's server whose weights tests change (tests/integration/conftest.py). What it serves before the
+    first update does not matter here: each update loads a whole checkpoint, the base patched by the deltas."""
+    return pause_server
 
 
 def local_weights(local: Path) -> dict[str, torch.Tensor]:
@@ -72,40 +73,15 @@ def test_delta_updates_equal_a_full_sync(server, tiny_qwen3: Path, tmp_path: Pat
     assert delta_pull.read_state(local) == {"chain": transport.chain, "version": 3}
 
 
-def test_a_run_with_delta_sync_passes_the_weight_check(tiny_qwen3: Path, tmp_path: Path) -> None:
-    """The whole loop (Ray, two engines, router, Megatron) with slime's delta flags: every update is applied by the
-    engines' node actors on their host (both engines share this one: the second finds each version applied), and the
-    weight check after every update passes."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO_ROOT
-
-    rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(4)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # Rewards that differ between prompts: every step has a gradient, so every version has something to send.
-    (tmp_path / "spread_rm.py").write_text("def reward(args, sample):\n    return float(sum(sample.tokens) % 3)\n")
-    shared, local, out = tmp_path / "shared", tmp_path / "nvme", tmp_path / "out"
-    cmd = [
-        sys.executable, "-m", "slime_like.train",
-        "--hf-checkpoint", str(tiny_qwen3), "--prompt-data", str(tmp_path / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--num-rollout", "2", "--rollout-max-response-len", "3", "--rollout-top-k", "1",
-        "--advantage-estimator", "reinforce_plus_plus", "--custom-rm-path", "spread_rm.reward", "--lr", "1e-2",
-        "--rollout-num-gpus", "2",
-        "--update-weight-mode", "delta", "--update-weight-transport", "disk", "--update-weight-disk-dir", str(shared),
-        "--update-weight-local-checkpoint-dir", str(local), "--update-weight-delta-encoding", "overwrite",
-        "--check-weight-update", "--output-dir", str(out), "--ray-num-cpus", "4",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "servers match the trainer within" in proc.stdout + proc.stderr
+def test_a_run_with_delta_sync_passes_the_weight_check(delta_run_on_one_node: SimpleNamespace) -> None:
+    """The whole loop (Ray, two engines, router, Megatron on two ranks) with slime's delta flags (the session's
+    delta_run_on_one_node): every update is applied by the engines' node actors on their host (both engines share this
+    one: the second finds each version applied), and the weight check after every update passes."""
+    run = delta_run_on_one_node
+    assert "servers match the trainer within" in run.output
     for version in (1, 2):
-        index = json.loads((shared / f"weight_v{version:06d}" / "model.safetensors.index.json").read_text())
+        index = json.loads((run.shared / f"weight_v{version:06d}" / "model.safetensors.index.json").read_text())
         assert index["metadata"]["delta_encoding"] == "overwrite"
         assert index["metadata"]["base_version"] == version - 1
         assert index["weight_map"], f"version {version} changed nothing: the run did not train"
-    assert delta_pull.read_state(local)["version"] == 2
+    assert delta_pull.read_state(run.local)["version"] == 2

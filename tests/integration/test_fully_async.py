@@ -1,30 +1,32 @@
 """--fully-async against real SGLang: weight updates under in-flight requests in each pause mode (the rollout side,
-on the session's server), and the real loop (Ray, SGLang, Megatron) with a resume from a checkpoint taken while
-groups were in flight.
-
-The pause tests (~10 s each) run in CI; the loop and its resume (~2 x 60 s on 2 cores) are marked slow.
+on the session's server), and the real loop (Ray, SGLang, Megatron): plain, with a resume from a checkpoint taken
+while groups were in flight; and with generate, reward and dynamic-filter plugins on two engines under
+--use-fault-tolerance, one engine killed mid-generation.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
 from rollout import sglang_client as client
 from rollout.manager import RolloutManager
-from rollout.pause import server_args
 from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
 from slime_like.core.secret import auth_headers
 from tests.conftest import REPO_ROOT
+from tests.integration.test_fault_tolerance import wait_for
 
 BATCH, N = 2, 2
 # Groups 0 and 1 finish at once (the first batch); later ones write LONG tokens, so they are still generating when
@@ -58,18 +60,6 @@ async def generate(ctx, sample, params):
 def reward(args, sample):
     return float(sample.group_index % 2 == 0 and sample.index % 2 == 0)
 """
-
-
-@pytest.fixture(scope="module")
-def pause_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    """A server with the flags every pause mode needs (rollout/pause.py: in_place's are a superset)."""
-    server = SGLangServer(
-        tiny_qwen3, dtype="float32", extra_args=server_args("in_place"), log_dir=tmp_path_factory.mktemp("pause-logs")
-    )
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +150,9 @@ def test_weight_update_under_in_flight_requests(
 NUM_ROLLOUT, BOUND = 4, 1
 
 
-def run_loop(model: Path, task: Path, out: Path, *extra: str) -> list[dict]:
-    """`python -m slime_like.train_async --fully-async` with a small config; its metrics records."""
-    cmd = [
+def loop_command(model: Path, task: Path, out: Path, *extra: str) -> list[str]:
+    """`python -m slime_like.train_async --fully-async` with a small config."""
+    return [
         sys.executable, "-m", "slime_like.train_async", "--fully-async", "--max-weight-staleness", str(BOUND),
         "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"), "--rollout-shuffle",
         "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", str(BATCH),
@@ -171,10 +161,23 @@ def run_loop(model: Path, task: Path, out: Path, *extra: str) -> list[dict]:
         "--save", str(out / "ckpt"), "--save-interval", "2", "--save-debug-rollout-data", "--ray-num-cpus", "4",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def loop_env(task: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{task}:{REPO_ROOT}", "OMP_NUM_THREADS": "1"}
+
+
+def records_of(out: Path) -> list[dict]:
+    """A run's metrics records."""
     return [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_loop(model: Path, task: Path, out: Path, *extra: str) -> list[dict]:
+    """Run the loop to its end; its metrics records."""
+    cmd = loop_command(model, task, out, *extra)
+    proc = subprocess.run(cmd, env=loop_env(task), cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return records_of(out)
 
 
 def trained(out: Path) -> dict[int, list[dict]]:
@@ -218,7 +221,6 @@ def async_run(tiny_qwen3: Path, task: Path, tmp_path_factory: pytest.TempPathFac
     return out, run_loop(tiny_qwen3, task, out)
 
 
-@pytest.mark.slow
 def test_fully_async_loop(async_run: tuple[Path, list[dict]]) -> None:
     out, records = async_run
     check_steps(records, trained(out), 0)
@@ -226,7 +228,6 @@ def test_fully_async_loop(async_run: tuple[Path, list[dict]]) -> None:
     assert [r["rollout/weight_version"] for r in records if "train/loss" in r] == list(range(NUM_ROLLOUT))
 
 
-@pytest.mark.slow
 def test_resume_trains_the_groups_in_flight(
     async_run: tuple[Path, list[dict]], tiny_qwen3: Path, task: Path, tmp_path: Path
 ) -> None:
@@ -254,13 +255,50 @@ def test_resume_trains_the_groups_in_flight(
             assert sample["tokens"][: len(before["tokens"])] == before["tokens"]
 
 
-def test_generate_and_reward_plugins_and_dynamic_sampling(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
-    records = run_loop(
-        tiny_qwen3, task, tmp_path, "--custom-generate-function-path", "tagging_plugin.generate",
+@pytest.fixture(scope="module")
+def plugin_run(tiny_qwen3: Path, task: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
+    """The loop with generate, reward and dynamic-filter plugins, on two engines under --use-fault-tolerance with the
+    weight check: engine 1 is SIGKILLed once the first step is logged (--fully-async generates all the time, so the
+    kill lands on requests in flight), and the run waits until placement.json shows it restarted. The output
+    directory, the run's console output and the killed pid. (One run for both: a start-up is most of its cost.)"""
+    out = tmp_path_factory.mktemp("plugin-run")
+    cmd = loop_command(
+        tiny_qwen3, task, out, "--custom-generate-function-path", "tagging_plugin.generate",
         "--custom-rm-path", "tagging_plugin.reward",
         "--dynamic-sampling-filter-path", "rollout.filters.check_reward_nonzero_std",
+        "--rollout-num-gpus", "2", "--check-weight-update", "--use-fault-tolerance",
+        "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "5",
     )  # fmt: skip
-    per_step = trained(tmp_path)
+    env = loop_env(task)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+
+    def engine_1() -> int:
+        return json.loads((out / "run" / "placement.json").read_text())["engines"][1]["pids"][0]
+
+    metrics = out / "run" / "metrics.jsonl"
+    try:
+        wait_for("the first step", lambda: metrics.exists() and "train/loss" in metrics.read_text(), proc, lines=lines)
+        dead = engine_1()
+        os.kill(dead, signal.SIGKILL)
+        wait_for("placement.json to show the restarted engine", lambda: engine_1() != dead, proc, lines=lines)
+        assert psutil.pid_exists(engine_1())
+        proc.wait(timeout=600)
+        reader.join(30)
+    finally:
+        proc.kill()
+    output = "".join(lines)
+    assert proc.returncode == 0, output[-6000:]
+    return out, output, dead
+
+
+def test_generate_and_reward_plugins_and_dynamic_sampling(plugin_run: tuple[Path, str, int]) -> None:
+    out, _, _ = plugin_run
+    records = records_of(out)
+    per_step = trained(out)
     check_steps(records, per_step, 0)
     samples = [s for step in per_step.values() for s in step]
     assert all(s["metadata"]["generated_by"] == "tagging_plugin" for s in samples)
@@ -269,3 +307,20 @@ def test_generate_and_reward_plugins_and_dynamic_sampling(tiny_qwen3: Path, task
     assert sorted({s["reward"] for s in samples}) == [0.0, 1.0]
     steps = [r for r in records if "train/loss" in r]
     assert sum(r.get("rollout/groups_dropped", 0) for r in steps) >= NUM_ROLLOUT
+
+
+def test_an_engine_killed_mid_generation_is_restarted_and_nothing_is_lost(plugin_run: tuple[Path, str, int]) -> None:
+    """The same run: one failure, one restart; full batches with no group failed and balanced accounting at every
+    step (check_steps, above); every engine, the restarted one included, at the trainer's weights after every
+    update."""
+    out, output, dead = plugin_run
+    assert not psutil.pid_exists(dead) or psutil.Process(dead).status() == psutil.STATUS_ZOMBIE
+    assert output.count("failed its health check") == 1, output[-6000:]
+    records = records_of(out)
+    assert max(r.get("rollout/engines_restarted", 0) for r in records) == 1
+    train = [r for r in records if "train/loss" in r]
+    assert len(train) == NUM_ROLLOUT
+    assert all(r["rollout/groups_trained"] == BATCH and r["rollout/groups_failed"] == 0 for r in train)
+    samples = [s for step in trained(out).values() for s in step]
+    assert len(samples) == NUM_ROLLOUT * BATCH * N and all(s["status"] in ("completed", "truncated") for s in samples)
+    assert output.count("servers match the trainer") >= NUM_ROLLOUT + 1, output[-6000:]  # before step 0, then each

@@ -8,7 +8,6 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,25 +19,15 @@ import pytest
 from rollout.sglang_client import list_workers
 from slime_like.core.secret import API_KEY_ENV
 from tests.conftest import REPO_ROOT
+from tests.integration.two_engine_job import job, write_task
 from tools.simulated_cluster import RAY_ENV, start_cluster
 
 KEY = secrets.token_urlsafe(16)
 
-# Deterministic and spread out: greedy responses (top-k 1), rewards that differ between prompts, a batch-normalised
-# estimator (a greedy group has one response, so a group baseline would leave nothing to learn).
-REWARD_PLUGIN = """
-def reward(args, sample):
-    return float(sum(sample.tokens) % 3)
-"""
-
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("task")
-    rows = [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(4)]
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "spread_rm.py").write_text(REWARD_PLUGIN)
-    return root
+    return write_task(tmp_path_factory.mktemp("task"))
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +45,6 @@ def cluster() -> Iterator[SimpleNamespace]:
         c.shutdown()
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
-
-
-def job(model: Path, task: Path, out: Path, *extra: str, module: str = "slime_like.train") -> list[str]:
-    """`python -m <module>` for 2 rollouts, disaggregated: DP=2 trainer, two engines, the weight check."""
-    return [
-        sys.executable, "-m", module,
-        "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
-        "--rollout-max-response-len", "3", "--rollout-top-k", "1", "--router-policy", "round_robin",
-        "--advantage-estimator", "reinforce_plus_plus", "--custom-rm-path", "spread_rm.reward",
-        "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--lr", "1e-2",
-        "--update-weight-transport", "distributed", "--check-weight-update",
-        "--output-dir", str(out), "--ray-num-cpus", "4", *extra,
-    ]  # fmt: skip
 
 
 def start(cmd: list[str], task: Path, ray_address: str | None) -> subprocess.Popen[str]:
@@ -112,7 +86,12 @@ def raylet_pid(node: object) -> int:
 
 
 def test_loop_places_trainer_and_engines_on_their_nodes(
-    cluster: SimpleNamespace, tiny_qwen3: Path, task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: SimpleNamespace,
+    delta_run_on_one_node: SimpleNamespace,
+    tiny_qwen3: Path,
+    task: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ray._private import state
 
@@ -147,10 +126,9 @@ def test_loop_places_trainer_and_engines_on_their_nodes(
     on_cluster = metrics(tmp_path / "cluster")
     assert [r["step"] for r in on_cluster if "train/loss" in r] == [0, 1]
 
-    # The same job on one node (a local Ray instance): the same numbers.
-    single = start(job(tiny_qwen3, task, tmp_path / "single"), task, None)
-    finish(single)
-    on_one_node = metrics(tmp_path / "single")
+    # The same job on one node (a local Ray instance; weights sent as deltas from disk, the session's run that
+    # test_delta_weight_sync.py checks too): the same numbers.
+    on_one_node = metrics(delta_run_on_one_node.out)
     assert on_cluster[0].keys() == on_one_node[0].keys()
     for a, b in zip(on_cluster, on_one_node, strict=True):
         for key, value in a.items():

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import time
 from argparse import Namespace
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -26,7 +26,7 @@ import torch
 from rollout import sglang_client as client
 from rollout.context import RolloutContext
 from rollout.generate import generate
-from rollout.pause import check_server_args, continue_all, pause_all, server_args
+from rollout.pause import check_server_args, continue_all, pause_all
 from rollout.sglang_server import SGLangServer
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample, Status
@@ -49,14 +49,10 @@ def engine(tiny_qwen3: Path):
 
 
 @pytest.fixture(scope="module")
-def held_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    """A server with the flags retract and in_place need (rollout/pause.py); the session's has none of them."""
-    flags = sorted(set(server_args("retract") + server_args("in_place")))
-    server = SGLangServer(tiny_qwen3, dtype="float32", extra_args=flags, log_dir=tmp_path_factory.mktemp("held"))
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+def held_server(pause_server: SGLangServer) -> SGLangServer:
+    """The session's server with the flags retract and in_place need (rollout/pause.py); the session's first server
+    has none of them."""
+    return pause_server
 
 
 def load(url: str) -> tuple[int, int]:

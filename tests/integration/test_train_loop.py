@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
-from tests.integration.same_run import assert_same_metrics, assert_same_samples, assert_same_weights, timing
+from tests.integration.same_run import timing
 
 N_PROMPTS = 6
 N_SAMPLES = 2
@@ -118,12 +118,8 @@ def check_reward_failures(records: list[dict], per_rollout: list[list[dict]]) ->
     assert counted == len(failed)
 
 
-def eval_responses(out: Path, step: int) -> list[tuple[str, str]]:
-    rows = [json.loads(line) for line in (out / "rollouts" / f"eval_{step:06d}.jsonl").read_text().splitlines()]
-    return [(r["prompt"], r["response"]) for r in rows]
-
-
-# Saved every 3 rollouts, greedy eval every 3: the resume test continues from its first checkpoint.
+# Saved every 3 rollouts (the layout test_sync_colocated_distributed_update checks), greedy eval every 3. A resume
+# that ends where the uninterrupted run ends, in another placement: tests/integration/test_trainer_faults.py.
 SYNC_SAVE_ARGS = ("--save-interval", "3", "--eval-interval", "3", "--eval-temperature", "0")
 
 
@@ -164,30 +160,6 @@ def test_sync_colocated_distributed_update(sync_run: tuple[Path, list[dict]]) ->
     assert {"metadata.json", "common.pt", "slime_like_state.json", "slime_like_complete"} <= {
         p.name for p in (ckpt / "iter_0000002").iterdir()
     }
-
-
-def test_resume_ends_where_the_uninterrupted_run_ends(
-    sync_run: tuple[Path, list[dict]], tiny_qwen3: Path, task: Path, tmp_path: Path
-) -> None:
-    out, _ = sync_run
-    # Resumed in the other placement (disaggregated): the checkpoint does not depend on it.
-    run_loop(
-        "slime_like.train", tiny_qwen3, task, tmp_path / "resumed",
-        "--load", str(out / "ckpt" / "iter_0000002"), "--save", str(tmp_path / "ckpt"), "--eval-prompt-data", str(task / "train.jsonl"), *SYNC_SAVE_ARGS,
-    )  # fmt: skip
-    resumed = rollouts(tmp_path / "resumed")
-    original = rollouts(out / "run")
-    assert len(resumed) == 3  # rollouts 3, 4, 5 only
-    key = [[(s["prompt"], s["index"], s["group_index"]) for s in r] for r in original[3:]]
-    assert [[(s["prompt"], s["index"], s["group_index"]) for s in r] for r in resumed] == key
-    # The servers resumed at the checkpoint's weight version.
-    assert {s["weight_version"] for s in resumed[0]} == {3}
-    # Greedy rollouts replay: the same samples, every metric of rollouts 3-5 and of the final evaluation as the
-    # uninterrupted run's (timings aside), and the same final weights.
-    assert_same_samples(tmp_path / "resumed", out / "run", [3, 4, 5])
-    assert_same_metrics(tmp_path / "resumed", out / "run", [3, 4, 5, 6])
-    assert eval_responses(tmp_path / "resumed", 3) == eval_responses(out / "run", 3)
-    assert_same_weights(tmp_path / "ckpt" / "iter_0000005", out / "ckpt" / "iter_0000005")
 
 
 def test_a_saved_rollout_replays_into_training_bit_identically(
@@ -233,22 +205,6 @@ def test_a_slime_sample_converter_trains_as_the_built_in_conversion(
     for step, metrics in replayed.items():
         train = {k: v for k, v in metrics.items() if k.startswith("train/") and not timing(k)}
         assert train and train == pytest.approx({k: original[step][k] for k in train}, rel=1e-6, abs=1e-9), step
-
-
-def test_debug_rollout_only_generates_without_a_trainer(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:
-    """slime's --debug-rollout-only: no trainer rank starts; rollouts are generated and saved in slime's format."""
-    records = run_loop(
-        "slime_like.train", tiny_qwen3, task, tmp_path / "run", "--debug-rollout-only",
-        "--save-debug-rollout-data", str(tmp_path / "dump" / "{rollout_id}.pt"), num_rollout=2,
-    )  # fmt: skip
-    assert json.loads((tmp_path / "run" / "placement.json").read_text())["trainer"] == []
-    assert not list((tmp_path / "run" / "logs").glob("trainer_rank*"))
-    assert [r["step"] for r in records] == [0, 1] and not any("train/loss" in r for r in records)
-    dumped = [torch.load(tmp_path / "dump" / f"{i}.pt", weights_only=False) for i in range(2)]
-    assert [d["rollout_id"] for d in dumped] == [0, 1]
-    assert [len(d["samples"]) for d in dumped] == [BATCH * N_SAMPLES] * 2
-    # No trainer, no weight update: both rollouts ran on the servers' first weights.
-    assert {s["weight_version"] for d in dumped for s in d["samples"]} == {0}
 
 
 def test_a_rollout_whose_every_sample_failed_stops_the_run(tiny_qwen3: Path, task: Path, tmp_path: Path) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import sys
 from argparse import Namespace
 from typing import Any
 
 import pytest
 
 from rollout.context import RolloutContext, running
-from rollout.router import SGLangRouter
+from rollout.router import LAUNCH_ROUTER, SGLangRouter
 from rollout.sglang_server import SGLangServer
 from slime_like.core import cluster, slime_finder
 from slime_like.core.secret import (
@@ -105,6 +106,32 @@ def test_the_launcher_adds_the_secret_inside_the_process(monkeypatch: pytest.Mon
     )
     exec(LAUNCH_WITH_KEY, {})
     assert seen == {"module": "some.module", "argv": ["some.module", "--port", "1", "--api-key=k1"]}
+
+
+def test_the_router_launcher_adds_the_secret_and_leaves_the_python_balancer_unimported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LAUNCH_ROUTER: sglang-router's Python balancer (only --mini-lb uses it; its import pulls in sglang, torch and
+    torchvision, seconds) stays a stand-in that imports it only when called; the key is added as LAUNCH_WITH_KEY
+    adds it."""
+    seen: dict[str, Any] = {}
+    monkeypatch.setenv(API_KEY_ENV, "k3")
+    monkeypatch.setattr("sys.argv", ["-c", "sglang_router.launch_router", "--port", "1"])
+    monkeypatch.delitem(sys.modules, "sglang_router.mini_lb", raising=False)  # put back as it was afterwards
+
+    def run_module(module: str, **kw: Any) -> None:
+        seen.update(module=module, argv=list(sys.argv), mini_lb=sys.modules["sglang_router.mini_lb"])
+
+    monkeypatch.setattr("runpy.run_module", run_module)
+    exec(LAUNCH_ROUTER, {})
+    stand_in = seen.pop("mini_lb")
+    assert seen == {
+        "module": "sglang_router.launch_router",
+        "argv": ["sglang_router.launch_router", "--port", "1", "--api-key=k3"],
+    }
+    assert callable(stand_in.MiniLoadBalancer) and getattr(stand_in, "__file__", None) is None
+    router = SGLangRouter(["http://127.0.0.1:30000"], port=30001, extra_args=["--prometheus-port", "1"], api_key="")
+    assert router.command()[1:4] == ["-c", LAUNCH_ROUTER, "sglang_router.launch_router"]
 
 
 def test_slime_http_utils_send_the_secret_to_our_router_only(monkeypatch: pytest.MonkeyPatch) -> None:
