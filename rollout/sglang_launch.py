@@ -30,9 +30,10 @@ in five (pause, unload, load, version tag, continue): see `swap_lora_adapters`.
 
 The first three are AROUND hooks in SGLang's plugin registry (sglang.srt.plugins.hook_registry), which SGLang
 applies in every one of its processes (load_plugins). They are registered when this module is imported, and every
-SGLang process imports it: SGLang starts its scheduler and detokenizer with multiprocessing's spawn, which imports the
-parent's main module, this one, in each child before running it. The route is added in `main`, in the process
-that serves HTTP.
+SGLang process has them: on GPU SGLang starts its scheduler and detokenizer with multiprocessing's spawn, which
+imports the parent's main module, this one, in each child before running it; on CPU they start by fork
+(rollout/sglang_server.py, LAUNCH_FORKED_ON_CPU) with the hooks already in place. The route is added in `main`, in
+the process that serves HTTP.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import requests
 import torch
 
 from rollout.sglang_client import flush_cache, freeze_gc, generate
-from rollout.sglang_server import CPU_ENV, KEEP_ALIVE_ENV, SGLangServer
+from rollout.sglang_server import CPU_ENV, KEEP_ALIVE_ENV, LAUNCH_FORKED_ON_CPU, SGLangServer
+from slime_like.core.secret import API_KEY_ENV
 
 # Both sides run the same fp32 weights; only the kernels' summation order differs (torch_native attention vs
 # transformers' sdpa), which moves a log-prob by ~5e-7 here (earlier measurements on other CPUs stayed <= 0.002, also for bf16).
@@ -21,11 +22,11 @@ LOGPROB_TOL = 1e-3
 
 def test_command_uses_cpu_flags_only_on_cpu(tiny_qwen3: Path) -> None:
     cpu_cmd, cpu_env = SGLangServer(tiny_qwen3, port=30123, device="cpu").command()
-    assert cpu_cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cpu_cmd[1:4] == ["-c", LAUNCH_FORKED_ON_CPU, "sglang.launch_server"]  # its children start by fork
     assert {"--device", "cpu", "--attention-backend", "torch_native", "--sleep-on-idle"} <= set(cpu_cmd)
     assert cpu_cmd[cpu_cmd.index("--max-total-tokens") + 1] == "65536"
     # Idle connections outlive the router's pool on every device (rollout/sglang_server.py says why).
-    assert cpu_env == {**KEEP_ALIVE_ENV, **CPU_ENV, "OMP_NUM_THREADS": "1"}
+    assert cpu_env == {**KEEP_ALIVE_ENV, **CPU_ENV, "OMP_NUM_THREADS": "1", API_KEY_ENV: ""}
 
     gpu_cmd, gpu_env = SGLangServer(tiny_qwen3, port=30123, device="cuda", extra_args=["--tp-size", "2"]).command()
     assert not {"--device", "--attention-backend", "--sleep-on-idle", "--max-total-tokens"} & set(gpu_cmd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import multiprocessing
 import sys
 from argparse import Namespace
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from rollout.context import RolloutContext, running
 from rollout.router import LAUNCH_ROUTER, SGLangRouter
-from rollout.sglang_server import SGLangServer
+from rollout.sglang_server import LAUNCH_FORKED_ON_CPU, SGLangServer
 from slime_like.core import cluster, slime_finder
 from slime_like.core.secret import (
     API_KEY_ENV,
@@ -86,14 +87,40 @@ def test_the_server_command_keeps_the_secret_out_of_the_command_line(tmp_path: A
     server = SGLangServer(tmp_path, port=30000, device="cpu", api_key="s3cret")
     cmd, env = server.command()
     assert "s3cret" not in " ".join(cmd) and env[API_KEY_ENV] == "s3cret"
-    assert cmd[1:4] == ["-c", LAUNCH_WITH_KEY, "sglang.launch_server"]
+    assert cmd[1:4] == ["-c", LAUNCH_FORKED_ON_CPU, "sglang.launch_server"]
+    cmd, env = SGLangServer(tmp_path, port=30000, device="cuda", api_key="s3cret").command()
+    assert cmd[1:4] == ["-c", LAUNCH_WITH_KEY, "sglang.launch_server"] and env[API_KEY_ENV] == "s3cret"
     router = SGLangRouter(["http://127.0.0.1:30000"], port=30001, extra_args=["--prometheus-port", "1"], api_key="s3")
     assert "s3" not in router.command() and router.command()[3] == "sglang_router.launch_router"
 
 
 def test_without_a_secret_the_commands_are_plain(no_secret: None, tmp_path: Any) -> None:
-    cmd, env = SGLangServer(tmp_path, port=30000, device="cpu").command()
+    cmd, env = SGLangServer(tmp_path, port=30000, device="cuda").command()
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and API_KEY_ENV not in env
+    # On CPU through the forking launcher, told there is no key (whatever the caller's environment holds).
+    cmd, env = SGLangServer(tmp_path, port=30000, device="cpu").command()
+    assert cmd[1:4] == ["-c", LAUNCH_FORKED_ON_CPU, "sglang.launch_server"] and env[API_KEY_ENV] == ""
+
+
+def test_the_cpu_launcher_starts_sglang_s_children_by_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LAUNCH_FORKED_ON_CPU: SGLang's `set_start_method("spawn", force=True)` selects fork (rollout/sglang_server.py
+    says why); no key in the environment adds no --api-key."""
+    seen: dict[str, Any] = {}
+    before, set_start_method = multiprocessing.get_start_method(), multiprocessing.set_start_method
+    monkeypatch.setenv(API_KEY_ENV, "")
+    monkeypatch.setattr("sys.argv", ["-c", "some.module", "--port", "1"])
+    monkeypatch.setattr(multiprocessing, "set_start_method", set_start_method)  # the launcher's patch is undone
+
+    def run_module(module: str, **kw: Any) -> None:
+        multiprocessing.set_start_method("spawn", force=True)  # what SGLang's engine does
+        seen.update(module=module, argv=list(sys.argv), method=multiprocessing.get_start_method())
+
+    monkeypatch.setattr("runpy.run_module", run_module)
+    try:
+        exec(LAUNCH_FORKED_ON_CPU, {})
+    finally:
+        set_start_method(before, force=True)
+    assert seen == {"module": "some.module", "argv": ["some.module", "--port", "1"], "method": "fork"}
 
 
 def test_the_launcher_adds_the_secret_inside_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
