@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from typing import Any
 
 from buffer.arguments import add_data_arguments
@@ -180,9 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def family_problem(hf_checkpoint: str, config: Any) -> str | None:
     """Why the trainer cannot build this checkpoint's model (no registered model family), or None if it can."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Megatron's import-time notes (no Apex/TE) belong to the trainer ranks' logs
-        from slime_like.trainer.megatron.families import family_of
+    from slime_like.trainer.megatron.families import family_of  # the table only: no bridge (no Megatron) imported
 
     try:
         family_of(config)

@@ -15,11 +15,10 @@ the same parameters are translated by TE_ALIASES first.
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from typing import Any
-
-from slime_like.trainer.megatron import bridges
 
 _L = "model.layers.{layer}"
 _M = "decoder.layers.{layer}"
@@ -38,8 +37,16 @@ class Rule:
 class Family:
     """A model family: the mbridge bridge class that builds it and its name map."""
 
-    bridge: type
+    # "module:class" of the bridge, imported when first used: mbridge imports Megatron (~3.6 s on our CPUs), which
+    # the start-up checks (slime_like/arguments.py: family_problem) and the dry runs need not pay.
+    bridge_path: str
     rules: dict[str, Rule]
+
+    @property
+    def bridge(self) -> type:
+        """The bridge class."""
+        module, name = self.bridge_path.split(":")
+        return getattr(importlib.import_module(module), name)
 
 
 def _copy(name: str) -> Rule:
@@ -177,25 +184,27 @@ _QWEN3_NEXT = {
 }
 
 
-def _families() -> dict[str, Family]:
-    from mbridge.models import Qwen2Bridge, Qwen3Bridge, Qwen3MoEBridge
+_MBRIDGE = "mbridge.models"
+_OURS = "slime_like.trainer.megatron.bridges"
 
+
+def _families() -> dict[str, Family]:
     return {
-        "qwen2": Family(Qwen2Bridge, _DENSE_GQA),
-        "qwen3": Family(Qwen3Bridge, {**_DENSE_GQA, **_QK_NORM}),
-        "llama": Family(bridges.Llama3Bridge, _DENSE_GQA),
+        "qwen2": Family(f"{_MBRIDGE}:Qwen2Bridge", _DENSE_GQA),
+        "qwen3": Family(f"{_MBRIDGE}:Qwen3Bridge", {**_DENSE_GQA, **_QK_NORM}),
+        "llama": Family(f"{_OURS}:Llama3Bridge", _DENSE_GQA),
         # Dense layers (mlp_only_layers) keep the dense MLP names.
-        "qwen3_moe": Family(Qwen3MoEBridge, {**_DENSE_GQA, **_QK_NORM, **_ROUTED_EXPERTS}),
-        "deepseek_v3": Family(bridges.DeepseekV3CoreBridge, _DEEPSEEK_V3),
+        "qwen3_moe": Family(f"{_MBRIDGE}:Qwen3MoEBridge", {**_DENSE_GQA, **_QK_NORM, **_ROUTED_EXPERTS}),
+        "deepseek_v3": Family(f"{_OURS}:DeepseekV3CoreBridge", _DEEPSEEK_V3),
         # Kimi-K2: DeepSeek-V3's architecture under its own model_type (its config class is the checkpoint's code).
-        "kimi_k2": Family(bridges.DeepseekV3CoreBridge, _DEEPSEEK_V3),
+        "kimi_k2": Family(f"{_OURS}:DeepseekV3CoreBridge", _DEEPSEEK_V3),
         # GLM-4.7-Flash: DeepSeek-V3's architecture; its dense layers are listed in mlp_layer_types.
-        "glm4_moe_lite": Family(bridges.DeepseekV3CoreBridge, _DEEPSEEK_V3),
+        "glm4_moe_lite": Family(f"{_OURS}:DeepseekV3CoreBridge", _DEEPSEEK_V3),
         # GLM-5: GLM-4.7-Flash's layers with DeepSeek sparse attention (megatron-core's DSA: slime_like.trainer.megatron.dsa).
-        "glm_moe_dsa": Family(bridges.GlmMoeDsaBridge, _GLM_MOE_DSA),
+        "glm_moe_dsa": Family(f"{_OURS}:GlmMoeDsaBridge", _GLM_MOE_DSA),
         # GLM-4-0414 / GLM-Z1: the sandwich norms are post-norms inside attention and MLP (sandwich_norms.py).
         "glm4": Family(
-            bridges.Glm4Bridge,
+            f"{_OURS}:Glm4Bridge",
             {
                 **_DENSE_GQA,
                 f"{_M}.mlp.linear_fc1.weight": Rule((f"{_L}.mlp.gate_up_proj.weight",), "fused_gate_up"),
@@ -204,17 +213,17 @@ def _families() -> dict[str, Family]:
             },
         ),
         # GLM-4.5/4.6/4.7: qkv bias and QK norm map when the config has them; dense first_k_dense_replace layers.
-        "glm4_moe": Family(bridges.Glm4MoeCoreBridge, {**_DENSE_GQA, **_QK_NORM, **_DEEPSEEK_MOE}),
+        "glm4_moe": Family(f"{_OURS}:Glm4MoeCoreBridge", {**_DENSE_GQA, **_QK_NORM, **_DEEPSEEK_MOE}),
         # MiMo-7B: Qwen2's main layers under their usual names; its MTP layers (model.mtp_layers): mtp.py.
-        "mimo": Family(bridges.MimoBridge, _DENSE_GQA),
+        "mimo": Family(f"{_OURS}:MimoBridge", _DENSE_GQA),
         # MiniMax-M2: every layer MoE (block_sparse_moe, Mixtral's w1/w3/w2 experts), q/k norms over all heads.
-        "minimax_m2": Family(bridges.MiniMaxM2Bridge, _MINIMAX_M2),
+        "minimax_m2": Family(f"{_OURS}:MiniMaxM2Bridge", _MINIMAX_M2),
         # Qwen3-Next: gated delta net + gated attention (slime_like.trainer.megatron.gated_delta_net), MoE + shared expert.
-        "qwen3_next": Family(bridges.Qwen3NextBridge, _QWEN3_NEXT),
+        "qwen3_next": Family(f"{_OURS}:Qwen3NextBridge", _QWEN3_NEXT),
         # Qwen3.5 / 3.6: Qwen3-Next's layers (in_proj split in four) under text_config; the bridge holds the text
         # config (model_type qwen3_5_text / qwen3_5_moe_text); the vision tower is not built.
         **dict.fromkeys(
-            ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), Family(bridges.Qwen3_5Bridge, _QWEN3_5)
+            ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), Family(f"{_OURS}:Qwen3_5Bridge", _QWEN3_5)
         ),
     }
 
