@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from buffer.accounting import GroupLedger
-from slime_like.core.sample import Sample
+from slime_like.core.sample import Sample, sample_type
 
 BufferFilter = Callable[[Any, list[list[Sample]], int], list[list[Sample]]]
 
@@ -88,4 +88,4 @@ class Buffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict`."""
         self.source.load_state_dict(state["source"])
-        self._returned = deque([Sample.from_dict(s) for s in g] for g in state["returned"])
+        self._returned = deque([sample_type().from_dict(s) for s in g] for g in state["returned"])

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_like.core.sample import Sample
+from slime_like.core.sample import Sample, new_sample
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class DataSource:
         group_index = self.next_group_index
         self.next_group_index += 1
         return [
-            Sample(
+            new_sample(
                 prompt=prompt.prompt,
                 label=prompt.label,
                 metadata=dict(prompt.metadata),

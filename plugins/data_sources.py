@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slime_like.core.sample import Sample
+from slime_like.core.sample import Sample, new_sample
 
 TASKS = ("basic_arithmetic", "chain_sum")
 INSTRUCTION = "\nGive the final answer as <answer>...</answer>."
@@ -35,7 +35,7 @@ class ReasoningGymSource:
             entry = self.datasets[g % len(self.datasets)][g // len(self.datasets)]
             groups.append(
                 [
-                    Sample(
+                    new_sample(
                         prompt=entry["question"] + INSTRUCTION,
                         label=entry["answer"],
                         metadata={**entry["metadata"], "question": entry["question"]},

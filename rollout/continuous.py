@@ -34,7 +34,7 @@ from rollout.filters import apply_dynamic_filter
 from rollout.group import run_group
 from rollout.pause import continue_all, pause_all
 from rollout.postprocess import finish_rollout
-from rollout.sampling import MAX_DROPPED_PER_KEPT, reset_sample, return_to_buffer
+from rollout.sampling import MAX_DROPPED_PER_KEPT, return_to_buffer
 from rollout.staleness import LAUNCH_VERSION, mask_older_spans, oldest_version, stale_group, staleness_metrics
 from slime_like.core.sample import Sample, Status
 
@@ -187,8 +187,7 @@ class ContinuousRollout:
             return
         origins = self._origins(group)
         for sample in group:
-            reset_sample(sample, origins[id(sample)])
-            sample.version_spans = []
+            sample.reset(origins[id(sample)])
         self.ctx.count("groups_stale_regenerated")
         self.buffer.add_groups([group])
 

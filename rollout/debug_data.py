@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_like.core.errors import ArgumentError
-from slime_like.core.sample import Sample
+from slime_like.core.sample import Sample, sample_type
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def load_rollout_data(template: str, rollout_id: int, subsample: float | None = 
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     else:  # slime's dumps are pickled dicts of plain values; the file is the user's own, as in slime
         rows = torch.load(path, weights_only=False)["samples"]
-    samples = [Sample.from_dict(row) for row in rows]
+    samples = [sample_type().from_dict(row) for row in rows]
     if subsample is not None:
         keep = max(1, int(len(samples) * subsample))
         samples = samples[: keep // 2] + samples[-keep // 2 :]  # slime's split (the odd one from the end)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from buffer.accounting import AccountingError, failure_reason
+from rollout import slime_contract
 from rollout.context import RolloutContext
 from slime_like.core.sample import Sample
 
@@ -23,11 +24,9 @@ def apply_sample_filter(ctx: RolloutContext, groups: list[list[Sample]], fn: Cal
         for sample, keep in zip(
             group, _per_sample(fn(ctx.args, group), group, "--rollout-sample-filter-path"), strict=True
         ):
-            if keep:
-                continue
-            sample.loss_mask = [0] * sample.response_length
-            sample.metadata["excluded_from_loss"] = True
-            ctx.count("samples_excluded_from_loss")
+            if not keep:
+                sample.exclude_from_loss()
+                ctx.count("samples_excluded_from_loss")
 
 
 def apply_reward_post_process(ctx: RolloutContext, groups: list[list[Sample]], fn: Callable[..., Any]) -> None:
@@ -37,15 +36,6 @@ def apply_reward_post_process(ctx: RolloutContext, groups: list[list[Sample]], f
         for sample, reward in zip(group, new, strict=True):
             sample.metadata["raw_reward"] = sample.reward
             sample.reward = float(reward)
-
-
-def exclude_removed_samples(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
-    """Samples with `remove_sample` set (slime's flag) get loss mask 0, as the sample filter's rejects do."""
-    for sample in (s for g in groups for s in g):
-        if sample.remove_sample and not sample.metadata.get("excluded_from_loss"):
-            sample.loss_mask = [0] * sample.response_length
-            sample.metadata["excluded_from_loss"] = True
-            ctx.count("samples_excluded_from_loss")
 
 
 def account_custom_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
@@ -82,7 +72,7 @@ def finish_rollout(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
         account_custom_rollout(ctx, groups)
     if hooks.filter_samples is not None:
         hooks.filter_samples(ctx, groups)
-    exclude_removed_samples(ctx, groups)
+    slime_contract.exclude_removed_samples(ctx, groups)  # slime's `remove_sample`, whichever hook set it
     if hooks.process_all_samples is not None and ctx.accounting is not None:  # the built-in loop's only
         hooks.process_all_samples(ctx, groups)
     if hooks.post_process_rewards is not None:

@@ -29,22 +29,13 @@ logger = logging.getLogger(__name__)
 MAX_DROPPED_PER_KEPT = 50
 
 
-def reset_sample(sample: Sample, metadata: dict[str, Any]) -> None:
-    """Back to an ungenerated sample of the same prompt (same index)."""
-    sample.tokens, sample.response, sample.response_length = [], "", 0
-    sample.reward, sample.loss_mask, sample.rollout_log_probs = None, None, None
-    sample.status, sample.weight_version, sample.metadata = Status.PENDING, None, dict(metadata)
-    sample.remove_sample, sample.weight_versions, sample.teacher_log_probs = False, [], None
-    sample.version_spans = []
-
-
 def return_to_buffer(ctx: RolloutContext, buffer: Buffer, groups: list[list[Sample]], origin: dict[int, Any]) -> None:
     """Hand unused groups back: partially generated ones continue later (--partial-rollout), others restart."""
     args = ctx.args
     for group in groups:
         for sample in group:
             if not args.partial_rollout:
-                reset_sample(sample, origin[id(sample)])
+                sample.reset(origin[id(sample)])
                 continue
             sample.metadata["partial_rollouts"] = sample.metadata.get("partial_rollouts", 0) + 1
             if sample.status == Status.ABORTED:

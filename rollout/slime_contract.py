@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from buffer.buffer import Buffer
 from rollout.context import RolloutContext, current_context
 from rollout.filters import FilterResult
-from slime_like.core.sample import Sample, Status, scalar_reward
+from slime_like.core.sample import EXCLUDED_FROM_LOSS, Sample, Status, scalar_reward
 
 # slime flags that have no counterpart here, with slime's defaults (read by plugins, never acted on).
 SLIME_DEFAULTS: dict[str, Any] = {
@@ -318,6 +318,15 @@ def data_source_hook(cls: Callable[..., Any]) -> Callable[[Any, Any], SlimeSourc
 def apply_sample_filter(ctx: RolloutContext, groups: list[list[Sample]], fn: Callable[..., Any]) -> None:
     """slime's `(args, groups) -> None`: called once with every kept group; it sets `sample.remove_sample`."""
     fn(slime_args(ctx.args), groups)
+
+
+def exclude_removed_samples(ctx: RolloutContext, groups: list[list[Sample]]) -> None:
+    """slime's `remove_sample`, set by any hook: loss mask 0 as our sample filter's rejects get (the sample still
+    counts in its group's statistics). Read by name: a plugin may set it on a Sample of ours too (real slime)."""
+    for sample in (s for g in groups for s in g):
+        if getattr(sample, "remove_sample", False) and not sample.metadata.get(EXCLUDED_FROM_LOSS):
+            sample.exclude_from_loss()
+            ctx.count("samples_excluded_from_loss")
 
 
 def apply_all_samples_process(ctx: RolloutContext, groups: list[list[Sample]], fn: Callable[..., Any]) -> None:

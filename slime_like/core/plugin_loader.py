@@ -5,6 +5,9 @@ A hook follows one of two contracts: ours (docs/plugins.md) or slime's. The rule
 contract when it is defined in a `slime` module (the real slime or our compatibility package) or its
 defining module imports slime (an `import slime...` / `from slime... import` statement in its source, or a
 `slime` module or an object defined in one among its globals); every other hook follows ours.
+
+Loading a plugin that follows slime's contract also makes every sample from then on slime's `Sample` (our
+compatibility subclass, `use_slime_samples`), so slime plugins find slime's fields and helpers on them.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Any
 
 from slime_like.core import slime_finder
 from slime_like.core.errors import PluginError
+from slime_like.core.sample import use_sample_type
 
 logger = logging.getLogger(__name__)
+COMPAT_PACKAGE = "slime_like.compat.slime"  # named, never imported, by this layer (slime_finder.py)
 
 PLUGIN_APIS = ("auto", "native", "slime")
 Signature = tuple[int | None, bool | None]  # (positional parameters it must accept, async?), None: not checked
@@ -45,7 +50,19 @@ def load_plugin(path: str, flag: str, *, params: int | None = None, is_async: bo
     if not callable(fn):
         raise PluginError(f"{flag}={path!r}: {attr!r} is not callable")
     check_signature(fn, path, flag, params, is_async)
+    if plugin_contract(fn)[0] == "slime":
+        use_slime_samples()
     return fn
+
+
+def use_slime_samples() -> None:
+    """Make new samples slime's `Sample` (`slime.utils.types`, our compatibility subclass of ours) from now on."""
+    slime_finder.install()
+    importlib.import_module("slime")
+    # With the real slime installed, our compatibility package is not `slime`: its Sample is then loaded under its
+    # own name (the only copy), so samples still carry slime's fields and helpers.
+    name = "slime.utils.types" if slime_finder.is_compat() else f"{COMPAT_PACKAGE}.utils.types"
+    use_sample_type(importlib.import_module(name).Sample)
 
 
 def check_signature(
@@ -112,6 +129,8 @@ def load_hook(path: str, flag: str, api: str, native: Signature, slime: Signatur
     """Load a hook, decide its contract, check the signature that contract needs; returns (hook, contract)."""
     obj = load_plugin(path, flag)
     contract, why = plugin_contract(obj, api)
+    if contract == "slime":
+        use_slime_samples()  # --plugin-api slime may force it on a module that does not import slime
     params, is_async = slime if contract == "slime" else native
     check_signature(obj, path, flag, params, is_async, contract)
     if (flag, path, contract) not in _logged:  # arguments are checked before the manager loads them again

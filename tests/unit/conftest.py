@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from slime_like.core.sample import Sample, use_sample_type
+
 
 def _refuse(*args: object, **kwargs: object) -> None:
     raise AssertionError(
@@ -24,6 +26,13 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(os, "fork", _refuse)
     monkeypatch.setattr(os, "posix_spawn", _refuse)
     monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", _refuse)  # spawn and forkserver start methods
+    yield
+
+
+@pytest.fixture(autouse=True)
+def our_samples() -> Iterator[None]:
+    """Loading a slime plugin makes new samples slime's Sample for the process: each test starts with ours."""
+    use_sample_type(Sample)
     yield
 
 

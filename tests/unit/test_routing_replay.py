@@ -14,9 +14,13 @@ import pytest
 import torch
 
 from buffer.train_data import build_train_data
-from slime_like.core.sample import ROUTED_EXPERTS_KEY, Sample, Status, decode_routed_experts
+from slime_like.core import slime_finder
+from slime_like.core.sample import ROUTED_EXPERTS_KEY, Status, decode_routed_experts
 from slime_like.trainer.megatron.packing import pack
 from slime_like.trainer.megatron.routing_replay import align, assemble, filler, local_positions, router_order
+
+slime_finder.install()
+from slime.utils.types import Sample  # noqa: E402  (ours with slime's append_response_tokens)
 
 LAYERS, TOPK, EXPERTS = 3, 2, 8
 

@@ -13,8 +13,12 @@ import pytest
 from rollout.generate import append_model_tokens
 from rollout.pause import server_args, streams_versions
 from rollout.sglang_client import GenerateRefused, read_stream
+from slime_like.core import slime_finder
 from slime_like.core.errors import EngineError
-from slime_like.core.sample import VERSION_SPANS_KEY, Sample
+from slime_like.core.sample import VERSION_SPANS_KEY
+
+slime_finder.install()
+from slime.utils.types import Sample  # noqa: E402  (ours with slime's append_response_tokens)
 
 
 def answer(tokens: list[int], version: str, spans: list[list] | None = None) -> dict:

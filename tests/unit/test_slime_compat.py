@@ -27,11 +27,13 @@ from rollout.postprocess import finish_rollout
 from slime_like.core import slime_finder
 from slime_like.core.errors import PluginError
 from slime_like.core.plugin_loader import load_hook, plugin_contract
-from slime_like.core.sample import Sample, Status
+from slime_like.core.sample import Sample as CoreSample
+from slime_like.core.sample import Status
 from slime_like.trainer.algorithms.advantages import AdvantageInputs, compute_advantages
 from slime_like.trainer.algorithms.grpo import grpo_advantages
 
 slime_finder.install()  # as the plugin loader does: `import slime` finds our package (no real slime here)
+from slime.utils.types import Sample  # noqa: E402  (slime's Sample: ours with slime's fields and helpers)
 
 
 @pytest.fixture
@@ -62,7 +64,7 @@ def test_without_real_slime_ours_is_imported_once(no_slime: None) -> None:
     ours = next(i for i, f in enumerate(sys.meta_path) if isinstance(f, slime_finder.SlimeCompatFinder))
     assert ours > sys.meta_path.index(importlib.machinery.PathFinder)  # the normal path finder looks first
     types = importlib.import_module("slime.utils.types")
-    assert slime_finder.is_compat() and types.Sample is Sample and types.Sample.Status is Status
+    assert slime_finder.is_compat() and issubclass(types.Sample, CoreSample) and types.Sample.Status is Status
     filters = importlib.import_module("slime.rollout.filter_hub.dynamic_sampling_filters")
     assert filters.check_reward_nonzero_std.__module__ == "slime.rollout.filter_hub.dynamic_sampling_filters"
     assert not any(k.startswith("slime_like.compat.slime") for k in sys.modules)  # one copy, named slime.*
@@ -77,7 +79,7 @@ def test_a_real_slime_on_the_path_wins(no_slime: None, tmp_path: Path, monkeypat
     slime_finder.install()
     slime = importlib.import_module("slime")
     assert slime.REAL and not slime_finder.is_compat()
-    assert importlib.import_module("slime.utils.types").Sample is not Sample
+    assert not issubclass(importlib.import_module("slime.utils.types").Sample, CoreSample)
     with pytest.raises(ModuleNotFoundError):  # nothing of ours is mixed into the real package
         importlib.import_module("slime.rollout.sglang_rollout")
 

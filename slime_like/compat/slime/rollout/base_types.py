@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slime_like.core.sample import Sample
+from slime.utils.types import Sample
 
 
 @dataclass

@@ -14,10 +14,10 @@ from typing import Any
 
 from slime.utils.misc import load_function
 from slime.utils.processing_utils import load_tokenizer
+from slime.utils.types import Sample
 
 from buffer.data_source import DataSource as PromptSource
 from rollout.manager import load_dataset
-from slime_like.core.sample import Sample
 
 
 class DataSource(abc.ABC):

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from slime.utils.http_utils import post
+from slime.utils.types import Sample
 
 from buffer.train_data import trainable
-from slime_like.core.sample import Sample
 
 
 async def reward_func(args: Any, sample: Sample, **kwargs: Any) -> float:

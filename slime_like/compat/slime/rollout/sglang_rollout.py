@@ -16,12 +16,12 @@ from typing import Any
 from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.utils.misc import SingletonMeta, load_function
 from slime.utils.processing_utils import load_tokenizer
+from slime.utils.types import Sample, Status
 
 from rollout import generate as ours
 from rollout import sampling
 from rollout.context import RolloutContext, current_context
 from rollout.slime_contract import SlimeDataSource, leaves, slime_args
-from slime_like.core.sample import Sample, Status
 
 __all__ = ["GenerateState", "generate", "generate_and_rm", "generate_and_rm_group", "generate_rollout", "get_model_url"]
 

@@ -29,10 +29,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
+from slime.utils.types import Sample, Status
 
 from rollout.context import current_context
 from rollout.openai_endpoint import ChatSession, EndpointError, OpenAIEndpoint, Turn, _error
-from slime_like.core.sample import Sample, Status
 
 _STATE_KEY = "slime_agent_endpoint"  # the rollout's (unserved) endpoint whose sessions the adapters use
 

@@ -6,8 +6,7 @@ import statistics
 from typing import Any
 
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
-
-from slime_like.core.sample import Sample
+from slime.utils.types import Sample
 
 
 def check_reward_nonzero_std(args: Any, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:

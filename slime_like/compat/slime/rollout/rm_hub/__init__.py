@@ -16,10 +16,10 @@ from slime.rollout.rm_hub.f1 import f1_score
 from slime.rollout.rm_hub.math_dapo_utils import compute_score as compute_score_dapo
 from slime.rollout.rm_hub.math_utils import extract_boxed_answer, grade_answer_verl
 from slime.utils.misc import load_function
+from slime.utils.types import Sample
 
 from rollout.context import current_context
 from rollout.rewards import RewardFunction, get_reward_function
-from slime_like.core.sample import Sample
 
 __all__ = [
     "async_rm",
