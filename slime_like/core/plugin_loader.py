@@ -35,6 +35,14 @@ _logged: set[tuple[str, str, str]] = set()
 
 def load_plugin(path: str, flag: str, *, params: int | None = None, is_async: bool | None = None) -> Callable[..., Any]:
     """Import `package.module.attr` named by `flag`; optionally check arity and async-ness."""
+    fn = _import_plugin(path, flag, params, is_async)
+    if plugin_contract(fn)[0] == "slime":
+        use_slime_samples()
+    return fn
+
+
+def _import_plugin(path: str, flag: str, params: int | None, is_async: bool | None) -> Callable[..., Any]:
+    """The callable `path` names, its arity and async-ness checked when given."""
     slime_finder.install()  # plugins written for slime import it; ours stands in when slime is absent
     module_name, _, attr = path.rpartition(".")
     if not module_name:
@@ -50,8 +58,6 @@ def load_plugin(path: str, flag: str, *, params: int | None = None, is_async: bo
     if not callable(fn):
         raise PluginError(f"{flag}={path!r}: {attr!r} is not callable")
     check_signature(fn, path, flag, params, is_async)
-    if plugin_contract(fn)[0] == "slime":
-        use_slime_samples()
     return fn
 
 
@@ -127,10 +133,11 @@ def plugin_contract(obj: Any, api: str = "auto") -> tuple[str, str]:
 
 def load_hook(path: str, flag: str, api: str, native: Signature, slime: Signature) -> tuple[Any, str]:
     """Load a hook, decide its contract, check the signature that contract needs; returns (hook, contract)."""
-    obj = load_plugin(path, flag)
-    contract, why = plugin_contract(obj, api)
-    if contract == "slime":
-        use_slime_samples()  # --plugin-api slime may force it on a module that does not import slime
+    obj = _import_plugin(path, flag, None, None)
+    auto = plugin_contract(obj)
+    contract, why = auto if api == "auto" else plugin_contract(obj, api)
+    if "slime" in (auto[0], contract):  # a module that imports slime, or --plugin-api slime forcing it
+        use_slime_samples()
     params, is_async = slime if contract == "slime" else native
     check_signature(obj, path, flag, params, is_async, contract)
     if (flag, path, contract) not in _logged:  # arguments are checked before the manager loads them again
