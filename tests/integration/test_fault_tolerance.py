@@ -55,6 +55,16 @@ def wait_for(
         time.sleep(0.5)
 
 
+def start_reading(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """Start a run from the repository root, its console lines collected as they come by a reader thread (the test
+    waits on files meanwhile; an unread pipe would fill and stop the run)."""
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    return proc, lines, reader
+
+
 def steps_done(out: Path) -> int:
     path = out / "metrics.jsonl"
     return sum(1 for line in path.read_text().splitlines() if "train/loss" in line) if path.exists() else 0
@@ -141,10 +151,7 @@ def test_a_router_killed_mid_rollout_is_restarted_on_its_port_and_nothing_is_los
     key = secrets.token_urlsafe(8)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", API_KEY_ENV: key}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-    reader.start()
+    proc, lines, reader = start_reading(cmd, env)
     try:
         wait_for("the first step", lambda: steps_done(out) >= 1, proc, lines=lines)
         placement = json.loads((out / "placement.json").read_text())

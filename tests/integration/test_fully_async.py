@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from rollout.sglang_server import SGLangServer
 from slime_like.arguments import parse_args
 from slime_like.core.secret import auth_headers
 from tests.conftest import REPO_ROOT
-from tests.integration.test_fault_tolerance import wait_for
+from tests.integration.test_fault_tolerance import start_reading, wait_for
 
 BATCH, N = 2, 2
 # Groups 0 and 1 finish at once (the first batch); later ones write LONG tokens, so they are still generating when
@@ -271,10 +270,7 @@ def plugin_run(tiny_qwen3: Path, task: Path, tmp_path_factory: pytest.TempPathFa
     )  # fmt: skip
     env = loop_env(task)
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-    reader.start()
+    proc, lines, reader = start_reading(cmd, env)
 
     def engine_1() -> int:
         return json.loads((out / "run" / "placement.json").read_text())["engines"][1]["pids"][0]
