@@ -1,4 +1,4 @@
-"""Run a worker script on two gloo ranks with torchrun, killing the whole process group on timeout."""
+"""Run a worker script on several ranks with torchrun, killing the whole process group on timeout."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def torchrun(worker: Path, args: list[str], timeout: int = 300, nproc: int = 2) -> str:
     """Run `worker args` on `nproc` ranks; fail the test with the output's tail if it fails or times out."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < nproc:
+        # Each rank takes its own GPU, and NCCL refuses two ranks on one device.
+        pytest.skip(f"{nproc} ranks need {nproc} GPUs; this machine has {torch.cuda.device_count()}")
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",

@@ -190,6 +190,13 @@ def test_mtp_refused_where_it_cannot_be_built(tiny_glm_mtp: Path, tmp_path: Path
     (dense_last / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="its last decoder layer is dense"):
         MegatronTrainEngine(dense_last, None, mtp_layers=1)
+    # A config that declares its MTP layer over safetensors without it (as transformers' save_pretrained writes).
+    no_tensors = tmp_path / "no-mtp-tensors"
+    shutil.copytree(tiny_glm_mtp, no_tensors, ignore=shutil.ignore_patterns("*.safetensors*"))
+    kept = {name: t for name, t in safetensors_of(tiny_glm_mtp).items() if not name.startswith(MTP)}
+    save_file(kept, no_tensors / "model.safetensors")
+    with pytest.raises(ValueError, match=r"declares 1 MTP layer\(s\) but its safetensors hold none"):
+        MegatronTrainEngine(no_tensors, None, mtp_layers=1)
 
 
 def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_glm_mtp: Path, tmp_path: Path, megatron_world) -> None:

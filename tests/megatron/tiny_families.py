@@ -45,6 +45,7 @@ def make_deepseek_v3(out: Path, tokenizer_from: Path) -> Path:
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         eos_token_id=2, pad_token_id=3, bos_token_id=2,
+        num_nextn_predict_layers=0,  # transformers >= 5.17 declares 1 by default, and saves no MTP layer
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

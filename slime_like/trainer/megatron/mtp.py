@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from slime_like.trainer.megatron import hf_weights
 from slime_like.trainer.megatron.flags import MTP_TRAINED_FAMILIES
 
 
@@ -68,6 +69,12 @@ def enable_mtp(bridge: Any, num_layers: int, scaling_factor: float) -> None:
         raise ValueError(
             f"--mtp-num-layers {num_layers}: the checkpoint has {stored} MTP layer(s) (num_nextn_predict_layers); "
             f"use --mtp-num-layers {stored}"
+        )
+    if not hf_weights.untrained_hf_names(hf_weights.HFCheckpoint(bridge.slime_like_hf_dir).names(), hf):
+        raise ValueError(
+            f"--enable-mtp-training: the checkpoint's config declares {stored} MTP layer(s) but its safetensors hold "
+            f"none (no model.layers.{hf.num_hidden_layers}.* tensors: transformers' save_pretrained drops them); "
+            "convert from a checkpoint that keeps its MTP layers, or drop --enable-mtp-training"
         )
     pp, cp = mpu.get_pipeline_model_parallel_world_size(), mpu.get_context_parallel_world_size()
     if pp > 1 or cp > 1:
