@@ -1,22 +1,28 @@
-"""Finished groups -> training data columns, and their split into one share per data-parallel rank.
+"""The training batch, from finished groups to the loss, and its split into one share per data-parallel rank.
 
-The rollout side shapes the rewards where every sample of a group is (buffer/group_rewards.py: the overlong
-penalty, the estimator's group baseline), then splits (split_by_dp): each trainer rank fetches only its own rows
-(tokens, masks, log-probs, shaped rewards) and the rollout's size, with no per-sample list of the whole rollout
-(but each sample's adapter in a multi-LoRA run).
+TrainData is the one batch type of the data path: the rollout side builds it from samples (build_train_data),
+shapes the rewards where every sample of a group is (buffer/group_rewards.py: the overlong penalty, the estimator's
+group baseline), then splits it (split_by_dp): each trainer rank fetches only its own rows (tokens, masks,
+log-probs, shaped rewards) and the rollout's size, with no per-sample list of the whole rollout (but each sample's
+adapter in a multi-LoRA run). The trainer rank fills its share's trainer columns (old log-probs, advantages,
+weights: slime_like/trainer/algorithms/rl_step.py), selects each optimizer step's and micro-batch's rows with
+`select`, and hands those to the loss as they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from slime_like.core.sample import Sample, Status, scalar_reward
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: argument parsing imports this module
+    from torch import Tensor, device
 
 
 @dataclass
 class TrainData:
-    """Column-wise training data, one entry per sample."""
+    """The training batch: one entry per sample in each column (a column nobody filled is empty)."""
 
     tokens: list[list[int]] = field(default_factory=list)
     response_lengths: list[int] = field(default_factory=list)
@@ -39,17 +45,51 @@ class TrainData:
     # Filled on the rollout side, where whole groups are (buffer.group_rewards.shape_rewards); empty until then.
     rewards: list[float] = field(default_factory=list)  # raw reward plus DAPO's overlong penalty
     baselined_rewards: list[float] = field(default_factory=list)  # rewards after the estimator's group baseline
+    # Filled on the trainer rank for its share (rl_step.py), one float tensor per sample over its response tokens;
+    # empty until then and where the run has no such term.
+    old_log_probs: list[Tensor] = field(default_factory=list)  # the old policy's (SGLang's: --use-rollout-logprobs)
+    advantages: list[Tensor] = field(default_factory=list)
+    ref_log_probs: list[Tensor] = field(default_factory=list)  # a KL term is on
+    is_weights: list[Tensor] = field(default_factory=list)  # an off-policy correction is on
+    old_values: list[Tensor] = field(default_factory=list)  # ppo: the critic's values
+    returns: list[Tensor] = field(default_factory=list)  # ppo: the critic's targets
+    # Set per optimizer step: the coefficients of --loss-agg-mode (times the loss mask) and of token-mean metrics.
+    token_weights: list[Tensor] = field(default_factory=list)
+    metric_weights: list[Tensor] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def select(self, indices: list[int]) -> TrainData:
         """The rows at `indices`, in that order."""
-        return TrainData(**{name: [col[i] for i in indices] if col else [] for name, col in self.__dict__.items()})
+        return TrainData(**{f.name: _take(getattr(self, f.name), indices) for f in fields(self)})
+
+    def masks(self) -> list[Tensor]:
+        """The loss masks as float tensors."""
+        import torch
+
+        return [torch.as_tensor(m, dtype=torch.float32) for m in self.loss_masks]
+
+    def to(self, where: device) -> TrainData:
+        """This batch with its tensor columns on `where` (the trainer makes them on the CPU)."""
+        import torch
+
+        if torch.device(where).type == "cpu":
+            return self
+        moved = {
+            f.name: [t.to(where, non_blocking=True) for t in column]
+            for f in fields(self)
+            if (column := getattr(self, f.name)) and torch.is_tensor(column[0])
+        }
+        return replace(self, **moved)
 
     def num_tokens(self) -> int:
         """Total tokens (prompt + response) over all rows."""
         return sum(len(t) for t in self.tokens)
+
+
+def _take(column: list[Any], indices: list[int]) -> list[Any]:
+    return [column[i] for i in indices] if column else []
 
 
 @dataclass

@@ -2,9 +2,9 @@
 
 A rollout's step: recompute the old policy's log-probs (and the reference's, the critic's values, the teacher's)
 on this rank's share of the rollout (buffer.train_data.RankShare: the rollout manager split the rollout, each
-step token-balanced over the ranks), turn them into rows with advantages and weights (the RL step's arithmetic:
-slime_like/trainer/algorithms/rl_step.py), then take one optimizer step per --global-batch-size chunk with the loss
-function of --loss-type (slime_like/trainer/algorithms/step_hooks.py).
+step token-balanced over the ranks), fill the share's batch with advantages and weights (the RL step's arithmetic:
+slime_like/trainer/algorithms/rl_step.py), then take one optimizer step per --global-batch-size chunk of that batch
+with the loss function of --loss-type (slime_like/trainer/algorithms/step_hooks.py).
 """
 
 from __future__ import annotations
@@ -208,27 +208,27 @@ class TrainActor:
         return self._train_share(rollout_id, share)
 
     def _train_share(self, rollout_id: int, share: RankShare) -> dict[str, float]:
-        """Prepare the share's rows (log-probs, values, advantages), then take its optimizer steps."""
+        """Fill the share's batch (log-probs, values, advantages), then take its optimizer steps."""
         start = time.monotonic()
         sft = self.args.loss_type == "sft_loss"
         if sft:
-            rows, metrics, routing = self.step.sft_rows(share), {}, None
+            batch, metrics, routing = share.data, {}, None
         else:
             forwards, routing = self._forwards(share)
-            rows, metrics = self.step.rl_rows(share, forwards)
-        self.hooks.postprocess(self.args, rollout_id, share.data.tokens, rows)
+            batch, metrics = self.step.rl_batch(share, forwards)
+        batch = self.hooks.postprocess(self.args, rollout_id, batch)
         # Loss tokens of every sample of the rollout: each step's aggregation counts its sequences and tokens.
-        counts = self.step.loss_tokens(share, rows)
+        counts = self.step.loss_tokens(share, batch)
         prepare_time = time.monotonic() - start
         # Critic warm-up: the first --num-critic-only-steps rollouts leave the policy as it is.
         train_policy = rollout_id >= self.args.num_critic_only_steps
         step_metrics: list[dict[str, float]] = []
         for step_id, (bounds, idx) in enumerate(zip(share.step_bounds, share.steps, strict=True)):
-            tokens = [share.data.tokens[i] for i in idx]
-            step_rows = self.step.step_rows([rows[i] for i in idx], counts, bounds)
+            step_batch = self.step.step_batch(batch.select(idx), counts, bounds)
+            tokens = step_batch.tokens
             step: dict[str, float] = {}
             if self.critic is not None:
-                out = self.critic.train_step(tokens, step_rows, value_loss_fn(self.args), local=True)
+                out = self.critic.train_step(tokens, step_batch, value_loss_fn(self.args), local=True)
                 step.update({f"critic/{k}": v for k, v in out.items()})
             if train_policy:
                 if self.hooks.before_train_step is not None:
@@ -237,13 +237,13 @@ class TrainActor:
                     hook(self.args, rollout_id, step_id, engine.model, engine.optimizer, engine.scheduler)
                 out = self.engine.train_step(
                     tokens,
-                    step_rows,
+                    step_batch,
                     self.loss_fn,
                     with_entropy=not sft,
                     entropy_grad=self.entropy_grad,
                     routing=None if routing is None else [routing[i] for i in idx],
                     local=True,
-                    mtp_loss_masks=None if self.engine.mtp is None else self.engine.mtp.loss_masks(tokens, step_rows),
+                    mtp_loss_masks=None if self.engine.mtp is None else self.engine.mtp.loss_masks(step_batch),
                 )
                 step.update({f"train/{k}": v for k, v in out.items()})
             step_metrics.append(step)

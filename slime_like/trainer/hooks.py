@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from buffer.train_data import TrainData
 from slime_like.core.plugin_loader import load_plugin
-from slime_like.trainer.algorithms.rows import TrainRow, apply_slime_lists, slime_lists
 
 FLAGS = {  # flag -> (args attribute, positional parameters the hook must take)
     "--custom-megatron-init-path": ("custom_megatron_init_path", 1),
@@ -47,15 +47,17 @@ class TrainerHooks:
     before_train_step: Callable[..., Any] | None = None
     rollout_data_postprocess: Callable[..., Any] | None = None
 
-    def postprocess(self, args: Any, rollout_id: int, tokens: list[list[int]], rows: list[TrainRow]) -> None:
-        """--rollout-data-postprocess-path on this rank's rows, in place: its loss masks and advantages train."""
+    def postprocess(self, args: Any, rollout_id: int, batch: TrainData) -> TrainData:
+        """--rollout-data-postprocess-path on this rank's batch: the batch with the loss masks and advantages the
+        hook leaves (they train)."""
         if self.rollout_data_postprocess is None:
-            return
-        import torch  # here: argument parsing imports this module and must not load torch
+            return batch
+        # Here: argument parsing imports this module and must not load torch.
+        from slime_like.trainer.algorithms.slime_lists import apply_slime_lists, slime_lists
 
-        data = slime_lists(rows, [torch.tensor(t) for t in tokens])
+        data = slime_lists(batch)
         self.rollout_data_postprocess(args, rollout_id, data)
-        apply_slime_lists(data, rows, "--rollout-data-postprocess-path")
+        return apply_slime_lists(data, batch, "--rollout-data-postprocess-path")
 
 
 def load_trainer_hooks(args: Any) -> TrainerHooks:

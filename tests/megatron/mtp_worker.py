@@ -20,19 +20,18 @@ def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
     from megatron.core import parallel_state as mpu
 
     from slime_like.trainer.megatron.parallel import init_parallel
-    from tests.megatron.test_mtp import SEQUENCES, _engine, _policy_loss, _rows
+    from tests.megatron.test_mtp import _batch, _engine, _policy_loss
 
     results = {}
     for layout in layouts.split(","):
         init_parallel(**LAYOUTS[layout], seed=1234)
         engine = _engine(hf_dir, mtp=True)
-        rows, sequences = _rows(), list(SEQUENCES)
+        batch = _batch()
         local = layout == "dp2"
         if local:  # this rank's share of the step: sequences 0 and 2 on rank 0, sequence 1 on rank 1
-            mine = [i for i in range(len(sequences)) if (i % 2) == mpu.get_data_parallel_rank()]
-            rows, sequences = [rows[i] for i in mine], [sequences[i] for i in mine]
-        masks = engine.mtp.loss_masks(sequences, rows)
-        metrics = engine.train_step(sequences, rows, _policy_loss, local=local, mtp_loss_masks=masks)
+            batch = batch.select([i for i in range(len(batch)) if (i % 2) == mpu.get_data_parallel_rank()])
+        masks = engine.mtp.loss_masks(batch)
+        metrics = engine.train_step(batch.tokens, batch, _policy_loss, local=local, mtp_loss_masks=masks)
         results[layout] = (metrics, {n: t.clone() for n, t in engine.export_hf_weights()})
         mpu.destroy_model_parallel()
         dist.barrier()

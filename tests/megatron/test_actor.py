@@ -120,9 +120,9 @@ def my_advantages(args, inputs: AdvantageInputs) -> list[torch.Tensor]:
     return [(r - 0.5) * m for r, m in zip(inputs.rewards, inputs.loss_masks, strict=True)]
 
 
-def my_loss(args, log_probs, entropy, rows):
+def my_loss(args, log_probs, entropy, batch):
     """A custom loss for the hook test: REINFORCE, -A * log pi per token, and the mean log-prob."""
-    return [-r["advantages"] * lp for lp, r in zip(log_probs, rows, strict=True)], {"logp": log_probs}
+    return [-a * lp for lp, a in zip(log_probs, batch.advantages, strict=True)], {"logp": log_probs}
 
 
 def test_custom_hooks(make_actor) -> None:

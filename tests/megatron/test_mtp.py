@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from buffer.train_data import TrainData
 from slime_like.trainer.megatron.engine import MegatronTrainEngine
 from slime_like.trainer.megatron.optimizer import OptimizerSettings
 from tests.megatron.common import torch_dist_to_hf_round_trip
@@ -26,9 +27,9 @@ def tiny_mimo_mtp(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return make_mimo(tmp_path_factory.mktemp("tiny-mimo-mtp"), tiny_qwen3)
 
 
-def _rows() -> list[dict]:
-    masks = [torch.ones(7), torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0]), torch.ones(2)]
-    return [{"response_length": n, "loss_mask": m} for n, m in zip(RESPONSES, masks, strict=True)]
+def _batch() -> TrainData:
+    masks = [[1] * 7, [0, 0, 1, 1, 1], [1] * 2]
+    return TrainData(tokens=SEQUENCES, response_lengths=RESPONSES, loss_masks=masks)
 
 
 def _engine(hf_dir: Path, mtp: bool) -> MegatronTrainEngine:
@@ -40,9 +41,10 @@ def _engine(hf_dir: Path, mtp: bool) -> MegatronTrainEngine:
     return MegatronTrainEngine(hf_dir, settings, max_tokens_per_micro_batch=24, **kwargs)
 
 
-def _policy_loss(logprobs: list[torch.Tensor], data: list[dict]) -> torch.Tensor:
+def _policy_loss(logprobs: list[torch.Tensor], micro: TrainData) -> torch.Tensor:
     """Minus the mean log-prob of each response (a stand-in for the policy loss)."""
-    return sum(-(lp[-d["response_length"] :] * d["loss_mask"]).sum() / 10 for lp, d in zip(logprobs, data, strict=True))
+    masks = micro.masks()
+    return sum(-(lp[-len(m) :] * m.to(lp.device)).sum() / 10 for lp, m in zip(logprobs, masks, strict=True))
 
 
 def _main_grads(engine: MegatronTrainEngine) -> dict[str, torch.Tensor]:
@@ -74,9 +76,9 @@ def _reference_mtp(hf_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     input_proj = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
     input_proj.weight.data.copy_(tensors[f"{prefix}input_proj.weight"])
     total, count = torch.zeros(()), 0.0
-    for tokens, row in zip(SEQUENCES, _rows(), strict=True):
+    for tokens, response_mask in zip(SEQUENCES, _batch().masks(), strict=True):
         x = torch.tensor(tokens)[None]
-        mask = torch.cat([torch.zeros(len(tokens) - 1 - row["response_length"]), row["loss_mask"]])
+        mask = torch.cat([torch.zeros(len(tokens) - 1 - len(response_mask)), response_mask])
         with torch.no_grad():
             hidden = main.model(x).last_hidden_state[:, :-1]  # position j, j < L - 1
             embedded = main.model.embed_tokens(x[:, 1:])  # token j + 1
@@ -106,10 +108,10 @@ def test_mtp_loss_and_gradient_match_mimo_formula(tiny_mimo_mtp: Path, megatron_
     reference_loss, reference_grad = _reference_mtp(tiny_mimo_mtp)
     plain, engine = _engine(tiny_mimo_mtp, mtp=False), _engine(tiny_mimo_mtp, mtp=True)
     before = dict((n, t.clone()) for n, t in engine.export_hf_weights())
-    rows = _rows()
-    masks = engine.mtp.loss_masks(SEQUENCES, rows)
-    out = engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=masks)
-    baseline = plain.train_step(SEQUENCES, rows, _policy_loss)
+    batch = _batch()
+    masks = engine.mtp.loss_masks(batch)
+    out = engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=masks)
+    baseline = plain.train_step(SEQUENCES, batch, _policy_loss)
     # Logged as slime logs it: per layer and summed, unscaled.
     assert out["mtp_1_loss"] == pytest.approx(float(reference_loss), rel=1e-5)
     assert out["mtp_loss"] == out["mtp_1_loss"]
@@ -131,17 +133,17 @@ def test_mtp_loss_and_gradient_match_mimo_formula(tiny_mimo_mtp: Path, megatron_
 def test_mtp_loss_trains_only_the_mtp_layer(tiny_mimo_mtp: Path, megatron_world) -> None:
     engine = _engine(tiny_mimo_mtp, mtp=True)
     before = dict((n, t.clone()) for n, t in engine.export_hf_weights())
-    rows = _rows()
+    batch = _batch()
 
     def no_policy_loss(logprobs: list[torch.Tensor], data: list[dict]) -> torch.Tensor:
         return sum(lp.sum() * 0.0 for lp in logprobs)
 
-    out = engine.train_step(SEQUENCES, rows, no_policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
+    out = engine.train_step(SEQUENCES, batch, no_policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
     assert out["loss"] == 0.0 and out["mtp_loss"] > 0
     changed = {n for n, t in engine.export_hf_weights() if not torch.equal(t, before[n])}
     assert changed and all(n.startswith("model.mtp_layers.0.") for n in changed)
     with pytest.raises(ValueError, match="pass mtp_loss_masks"):
-        engine.train_step(SEQUENCES, rows, no_policy_loss)
+        engine.train_step(SEQUENCES, batch, no_policy_loss)
 
 
 def test_mtp_refused_where_it_cannot_be_built(tiny_qwen3: Path, tiny_mimo_mtp: Path, megatron_world) -> None:
@@ -155,8 +157,8 @@ def test_mtp_refused_where_it_cannot_be_built(tiny_qwen3: Path, tiny_mimo_mtp: P
 
 def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_mimo_mtp: Path, tmp_path: Path, megatron_world) -> None:
     engine = _engine(tiny_mimo_mtp, mtp=True)
-    rows = _rows()
-    engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
+    batch = _batch()
+    engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
     # The trained MTP layer, not the original's.
     converted, original = torch_dist_to_hf_round_trip(engine, tiny_mimo_mtp, tmp_path), safetensors_of(tiny_mimo_mtp)
     assert not torch.equal(
@@ -170,8 +172,8 @@ def test_mtp_step_is_the_same_at_tp2_and_dp2(tiny_mimo_mtp: Path, tmp_path: Path
     from tests.megatron.launch import torchrun
 
     engine = _engine(tiny_mimo_mtp, mtp=True)
-    rows = _rows()
-    expected = engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
+    batch = _batch()
+    expected = engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
     weights = {n: t.clone() for n, t in engine.export_hf_weights()}
     torchrun(Path(__file__).with_name("mtp_worker.py"), [str(tmp_path / "out.pt"), str(tiny_mimo_mtp)])
     for layout, (metrics, exported) in torch.load(tmp_path / "out.pt").items():

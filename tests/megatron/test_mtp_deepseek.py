@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from slime_like.trainer.megatron.engine import MegatronTrainEngine
 from tests.megatron.common import torch_dist_to_hf_round_trip
 from tests.megatron.test_families import safetensors_of
-from tests.megatron.test_mtp import FACTOR, SEQUENCES, _engine, _main_grads, _policy_loss, _rows
+from tests.megatron.test_mtp import FACTOR, SEQUENCES, _batch, _engine, _main_grads, _policy_loss
 from tests.megatron.tiny_families import _add_mtp_layer, make_deepseek_v3, make_glm4_moe, make_glm4_moe_lite
 
 MTP = "model.layers.3."  # the tiny model's 3 main layers are followed by its MTP layer
@@ -64,9 +64,9 @@ def _reference_mtp(hf_dir: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     eh_proj = torch.nn.Parameter(tensors[f"{MTP}eh_proj.weight"].clone())
     eps = config.rms_norm_eps
     total, count = torch.zeros(()), 0.0
-    for tokens, row in zip(SEQUENCES, _rows(), strict=True):
+    for tokens, response_mask in zip(SEQUENCES, _batch().masks(), strict=True):
         x = torch.tensor(tokens)[None]
-        mask = torch.cat([torch.zeros(len(tokens) - 1 - row["response_length"]), row["loss_mask"]])
+        mask = torch.cat([torch.zeros(len(tokens) - 1 - len(response_mask)), response_mask])
         with torch.no_grad():
             hidden = main.model(x).last_hidden_state[:, :-1]  # position j, j < L - 1 (after the final norm)
             embedded = main.model.embed_tokens(x[:, 1:])  # token j + 1
@@ -124,9 +124,9 @@ def test_mtp_loss_and_gradient_match_deepseek_formula(tiny_glm_mtp: Path, megatr
     reference_loss, reference_grads = _reference_mtp(tiny_glm_mtp)
     plain, engine = _engine(tiny_glm_mtp, mtp=False), _engine(tiny_glm_mtp, mtp=True)
     before = {n: t.clone() for n, t in engine.export_hf_weights()}
-    rows = _rows()
-    out = engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
-    baseline = plain.train_step(SEQUENCES, rows, _policy_loss)
+    batch = _batch()
+    out = engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
+    baseline = plain.train_step(SEQUENCES, batch, _policy_loss)
     assert out["mtp_1_loss"] == pytest.approx(float(reference_loss), rel=1e-5)
     assert out["mtp_loss"] == out["mtp_1_loss"]
     # The policy loss, every main parameter's gradient and every main weight after the step (expert biases
@@ -167,10 +167,10 @@ def test_mtp_layer_routes_itself_under_routing_replay(tiny_glm_mtp: Path, megatr
     assert replaying.model[0].module.mtp.layers[0].transformer_layer.mlp.router.router_replay is None
     _, routing = replaying.forward_logprobs_and_routing(SEQUENCES)
     assert [tuple(r.shape) for r in routing] == [(len(s) - 1, 3, 2) for s in SEQUENCES]
-    rows = _rows()
-    masks = free.mtp.loss_masks(SEQUENCES, rows)
-    expected = free.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=masks)
-    out = replaying.train_step(SEQUENCES, rows, _policy_loss, routing=routing, mtp_loss_masks=masks)
+    batch = _batch()
+    masks = free.mtp.loss_masks(batch)
+    expected = free.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=masks)
+    out = replaying.train_step(SEQUENCES, batch, _policy_loss, routing=routing, mtp_loss_masks=masks)
     for key in ("loss", "mtp_loss"):
         assert out[key] == pytest.approx(expected[key], rel=1e-6), key
 
@@ -206,8 +206,8 @@ def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_glm_mtp: Path, tmp_pat
     from tools.convert_torch_dist_to_hf import main as torch_dist_to_hf
 
     engine = _engine(tiny_glm_mtp, mtp=True)
-    rows = _rows()
-    engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
+    batch = _batch()
+    engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
     # The trained MTP layer, not the original's.
     converted, original = torch_dist_to_hf_round_trip(engine, tiny_glm_mtp, tmp_path), safetensors_of(tiny_glm_mtp)
     assert not torch.equal(converted[f"{MTP}eh_proj.weight"], original[f"{MTP}eh_proj.weight"])
@@ -228,8 +228,8 @@ def test_mtp_step_is_the_same_at_ep2_and_dp2(tiny_glm_mtp: Path, tmp_path: Path,
     from tests.megatron.launch import torchrun
 
     engine = _engine(tiny_glm_mtp, mtp=True)
-    rows = _rows()
-    expected = engine.train_step(SEQUENCES, rows, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(SEQUENCES, rows))
+    batch = _batch()
+    expected = engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
     weights = {n: t.clone() for n, t in engine.export_hf_weights()}
     torchrun(Path(__file__).with_name("mtp_worker.py"), [str(tmp_path / "out.pt"), str(tiny_glm_mtp), "ep2,dp2"])
     for layout, (metrics, exported) in torch.load(tmp_path / "out.pt").items():

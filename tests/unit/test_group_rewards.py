@@ -148,16 +148,16 @@ def test_two_ranks_train_on_the_rollout_sides_advantages_and_report_the_penalty_
 
     def run(rank: int) -> None:
         forwards = Forwards([torch.full((n,), -1.0) for n in shares[rank].data.response_lengths])
-        results[rank] = RLStep(args, hooks, group.view(rank)).rl_rows(shares[rank], forwards)
+        results[rank] = RLStep(args, hooks, group.view(rank)).rl_batch(shares[rank], forwards)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    for share, (rows, metrics) in zip(shares, results, strict=True):  # type: ignore[misc]
-        for row, r in zip(rows, share.rows, strict=True):
-            assert row["advantages"].tolist() == pytest.approx([HAND["grpo"][r]] * LENGTHS[r], abs=1e-6)
+    for share, (batch, metrics) in zip(shares, results, strict=True):  # type: ignore[misc]
+        for advantages, r in zip(batch.advantages, share.rows, strict=True):
+            assert advantages.tolist() == pytest.approx([HAND["grpo"][r]] * LENGTHS[r], abs=1e-6)
         # The penalties 0.5 + 0.25 + 0.75 over 8 samples, as one process holding the rollout reported it.
         assert metrics["train/overlong_penalty_mean"] == pytest.approx(-1.5 / 8, abs=1e-12)
 

@@ -1,5 +1,6 @@
 """The RL step's arithmetic (slime_like/trainer/algorithms/rl_step.py) without Ray or Megatron: a hand-built rollout of
-two groups, the old policy's log-probs given, advantages, rows, step weights, loss and metrics checked by hand."""
+two groups, the old policy's log-probs given, advantages, the batch's columns, step weights, loss and metrics checked
+by hand."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from buffer.train_data import RankShare, TrainData, split_by_dp
 from slime_like.trainer.algorithms.advantages import AdvantageInputs
 from slime_like.trainer.algorithms.loss import policy_loss_fn
 from slime_like.trainer.algorithms.rl_step import Forwards, OneRank, RLStep
-from slime_like.trainer.algorithms.rows import apply_slime_lists, slime_lists
 from slime_like.trainer.algorithms.slime_contract import slime_advantage_hook, slime_batch
+from slime_like.trainer.algorithms.slime_lists import apply_slime_lists, slime_lists
 from slime_like.trainer.algorithms.step_hooks import StepHooks
 
 
@@ -53,23 +54,24 @@ def _forwards(old: float = -1.0) -> Forwards:
     return Forwards([torch.full((n,), old) for n in (3, 3, 2, 2)])
 
 
-def test_rows_step_weights_loss_and_metrics_of_a_hand_built_rollout() -> None:
+def test_batch_step_weights_loss_and_metrics_of_a_hand_built_rollout() -> None:
     args = _args()
     step = RLStep(args, StepHooks(policy_loss_fn(args, (None, None))), OneRank())
     share = _share()
-    rows, metrics = step.rl_rows(share, _forwards())
-    assert [r["advantages"].tolist() for r in rows] == [[0.5] * 3, [-0.5, 0.0, 0.0], [0.0] * 2, [0.0] * 2]
-    assert all("is_weight" not in r and "tokens" not in r for r in rows)  # no correction, no slime hook
+    batch, metrics = step.rl_batch(share, _forwards())
+    assert [a.tolist() for a in batch.advantages] == [[0.5] * 3, [-0.5, 0.0, 0.0], [0.0] * 2, [0.0] * 2]
+    assert batch.is_weights == [] and batch.ref_log_probs == []  # no correction, no KL term
+    assert batch.tokens is share.data.tokens and share.data.advantages == []  # the share's columns, not copies
     # Advantage token mean (1.5 - 0.5) / 8; variance over the 8 loss tokens around it.
     mean = 1.0 / 8
     var = (3 * (0.5 - mean) ** 2 + (-0.5 - mean) ** 2 + 4 * mean**2) / 8
     assert metrics["train/advantage_mean"] == pytest.approx(mean)
     assert metrics["train/advantage_std"] == pytest.approx(math.sqrt(var))
     assert metrics["train/train_rollout_logprob_abs_diff"] == 0.0  # the old policy is SGLang's here
-    counts = step.loss_tokens(share, rows)
+    counts = step.loss_tokens(share, batch)
     assert counts == [3.0, 1.0, 2.0, 2.0]
-    weighted = step.step_rows(rows, counts, share.step_bounds[0])
-    assert [w["token_weight"].tolist() for w in weighted][:2] == [[1 / 8] * 3, [1 / 8, 0.0, 0.0]]
+    weighted = step.step_batch(batch, counts, share.step_bounds[0])
+    assert [w.tolist() for w in weighted.token_weights][:2] == [[1 / 8] * 3, [1 / 8, 0.0, 0.0]]
     # Ratio 1: the PPO loss is -A per token; the token mean over the step is -(3 * 0.5 - 0.5) / 8.
     log_probs = [torch.full((len(t),), -1.0) for t in share.data.tokens]
     loss, stats = step.hooks.loss_fn(log_probs, weighted, [torch.zeros(len(t)) for t in share.data.tokens])
@@ -80,15 +82,14 @@ def test_rows_step_weights_loss_and_metrics_of_a_hand_built_rollout() -> None:
     }
 
 
-def test_tis_weights_and_the_fields_slime_hooks_read() -> None:
+def test_tis_weights() -> None:
     # Old policy -0.5 against SGLang's -1: rho = e^0.5, clipped at 1.5 by --tis-clip.
     args = _args(use_tis=True, tis_clip=1.5)
-    hooks = StepHooks(policy_loss_fn(args, (None, None)), row_fields=frozenset({"tokens", "total_length"}))
-    rows, metrics = RLStep(args, hooks, OneRank()).rl_rows(_share(), _forwards(-0.5))
-    assert rows[0]["is_weight"].tolist() == [1.5] * 3
+    batch, metrics = RLStep(args, StepHooks(policy_loss_fn(args, (None, None))), OneRank()).rl_batch(
+        _share(), _forwards(-0.5)
+    )
+    assert batch.is_weights[0].tolist() == [1.5] * 3
     assert metrics["train/is_weight_mean"] == pytest.approx(1.5)
-    assert rows[1]["tokens"].tolist() == [1, 2, 6, 7, 8] and rows[1]["total_length"] == 5
-    assert "rollout_log_probs" not in rows[1]  # not asked for
 
 
 def test_a_custom_advantage_function_sees_the_tokens_in_both_contracts() -> None:
@@ -104,31 +105,33 @@ def test_a_custom_advantage_function_sees_the_tokens_in_both_contracts() -> None
 
     args = _args(rewards_normalization=True)
     share = _share()
-    rows, _ = RLStep(args, StepHooks(policy_loss_fn(args, (None, None)), ours), OneRank()).rl_rows(share, _forwards())
-    assert rows[0]["advantages"].tolist() == [1.0] * 3 and seen["ours"] == share.data.tokens
+    batch, _ = RLStep(args, StepHooks(policy_loss_fn(args, (None, None)), ours), OneRank()).rl_batch(share, _forwards())
+    assert batch.advantages[0].tolist() == [1.0] * 3 and seen["ours"] == share.data.tokens
     hooks = StepHooks(policy_loss_fn(args, (None, None)), slime_advantage_hook(slimes))
-    rows, _ = RLStep(args, hooks, OneRank()).rl_rows(share, _forwards())
-    assert rows[3]["advantages"].tolist() == [2.0, 2.0] and seen["slime"] == share.data.tokens
+    batch, _ = RLStep(args, hooks, OneRank()).rl_batch(share, _forwards())
+    assert batch.advantages[3].tolist() == [2.0, 2.0] and seen["slime"] == share.data.tokens
 
 
 def test_one_mapping_to_slimes_keys_for_a_loss_batch_and_rollout_data() -> None:
     args = _args(use_tis=True)
-    hooks = StepHooks(policy_loss_fn(args, (None, None)), row_fields=frozenset({"tokens", "rollout_log_probs"}))
-    rows, _ = RLStep(args, hooks, OneRank()).rl_rows(_share(), _forwards())
-    batch = slime_batch(rows)
-    assert batch["total_lengths"] == [5, 5, 4, 4] and batch["response_lengths"] == [3, 3, 2, 2]
-    assert batch["returns"] is batch["advantages"] and batch["unconcat_tokens"] is batch["tokens"]
-    assert [float(s) for s in batch["rollout_mask_sums"]] == [3.0, 1.0, 2.0, 2.0]
-    assert "ref_log_probs" not in batch and batch["rollout_log_probs"][0].tolist() == [-1.0] * 3
-    data = slime_lists(rows, [torch.tensor(t) for t in _share().data.tokens])
+    batch, _ = RLStep(args, StepHooks(policy_loss_fn(args, (None, None))), OneRank()).rl_batch(_share(), _forwards())
+    loss_batch = slime_batch(batch)
+    assert loss_batch["total_lengths"] == [5, 5, 4, 4] and loss_batch["response_lengths"] == [3, 3, 2, 2]
+    assert loss_batch["returns"] is loss_batch["advantages"] and loss_batch["unconcat_tokens"] is loss_batch["tokens"]
+    assert [float(s) for s in loss_batch["rollout_mask_sums"]] == [3.0, 1.0, 2.0, 2.0]
+    assert "ref_log_probs" not in loss_batch and loss_batch["rollout_log_probs"][0].tolist() == [-1.0] * 3
+    assert loss_batch["tokens"][1].tolist() == [1, 2, 6, 7, 8]
+    data = slime_lists(batch)
     assert set(data) == {"tokens", "total_lengths", "response_lengths", "loss_masks", "log_probs", "advantages",
                          "rollout_log_probs"}  # fmt: skip
     data["advantages"] = [[1.0, 2.0, 3.0], [0.0] * 3, [0.0] * 2, [0.0] * 2]
-    apply_slime_lists(data, rows, "--flag")
-    assert rows[0]["advantages"].tolist() == [1.0, 2.0, 3.0]
+    data["loss_masks"][1] = torch.tensor([0.0, 1.0, 1.0])
+    changed = apply_slime_lists(data, batch, "--flag")
+    assert changed.advantages[0].tolist() == [1.0, 2.0, 3.0] and changed.loss_masks[1] == [0.0, 1.0, 1.0]
+    assert batch.advantages[0].tolist() == [0.5] * 3  # the batch it was given is left as it was
     data["loss_masks"] = [[1.0]] * 4
     with pytest.raises(ValueError, match=r"--flag: rollout_data\['loss_masks'\] entries must have one value"):
-        apply_slime_lists(data, rows, "--flag")
+        apply_slime_lists(data, batch, "--flag")
 
 
 class ThreadRanks:
@@ -165,13 +168,13 @@ def test_two_ranks_compute_what_one_does(custom: bool) -> None:
     args = _args(normalize_advantages=True)
     hooks = StepHooks(policy_loss_fn(args, (None, None)), centred if custom else None)
     whole = _share()
-    rows, metrics = RLStep(args, hooks, OneRank()).rl_rows(whole, _forwards())
+    batch, metrics = RLStep(args, hooks, OneRank()).rl_batch(whole, _forwards())
     shares = split_by_dp(whole.data, dp_size=2, global_batch_size=4)
     group, results = ThreadRanks(2), [None, None]
 
     def run(rank: int) -> None:
         forwards = Forwards([torch.full((n,), -1.0) for n in shares[rank].data.response_lengths])
-        results[rank] = RLStep(args, hooks, group.rank(rank)).rl_rows(shares[rank], forwards)
+        results[rank] = RLStep(args, hooks, group.rank(rank)).rl_batch(shares[rank], forwards)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
@@ -179,7 +182,7 @@ def test_two_ranks_compute_what_one_does(custom: bool) -> None:
     for t in threads:
         t.join(timeout=60)
     assert sorted(shares[0].rows + shares[1].rows) == [0, 1, 2, 3]
-    for share, (part_rows, part_metrics) in zip(shares, results, strict=True):
+    for share, (part, part_metrics) in zip(shares, results, strict=True):
         assert part_metrics == pytest.approx(metrics)
-        for row, i in zip(part_rows, share.rows, strict=True):
-            assert torch.allclose(row["advantages"], rows[i]["advantages"])
+        for advantages, i in zip(part.advantages, share.rows, strict=True):
+            assert torch.allclose(advantages, batch.advantages[i])

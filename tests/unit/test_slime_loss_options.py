@@ -1,4 +1,4 @@
-"""slime's loss options on hand-made rows, each against hand-computed values: --use-unbiased-kl, --use-opsm,
+"""slime's loss options on hand-made batches, each against hand-computed values: --use-unbiased-kl, --use-opsm,
 --custom-tis-function-path and --custom-pg-loss-reducer-function-path (slime's signatures)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from slime_like.trainer.algorithms.loss import policy_loss_fn
 from slime_like.trainer.algorithms.opsm import opsm_keep
-from tests.loss_rows import loss_rows
+from tests.loss_batch import loss_batch
 
 HOOKS = '''
 import torch
@@ -59,18 +59,18 @@ def test_unbiased_kl_weighs_by_the_ratio_with_its_gradient() -> None:
     # d = logp - ref = [0.5, 0.5]; ratio = exp(logp - old) = [e^0.2, e^-0.5]; KL = ratio * d.
     # loss = 0.5 * 0.5 * (e^0.2 + e^-0.5); d/dlogp (ratio * d) = ratio * (d + 1) -> 0.5 * 1.5 * ratio per token.
     lp = torch.tensor([-1.0, -2.0], requires_grad=True)
-    rows = loss_rows(
+    batch = loss_batch(
         [torch.ones(2)], "token-mean", old_log_probs=[torch.tensor([-1.2, -1.5])], advantages=[torch.zeros(2)],
         ref_log_probs=[torch.tensor([-1.5, -2.5])],
     )  # fmt: skip
     args = _args(use_kl_loss=True, kl_loss_coef=1.0, use_unbiased_kl=True)
-    loss, stats = policy_loss_fn(args)([lp], rows, [torch.zeros(2)])
+    loss, stats = policy_loss_fn(args)([lp], batch, [torch.zeros(2)])
     assert loss.item() == pytest.approx(0.25 * (math.exp(0.2) + math.exp(-0.5)))
     loss.backward()
     assert lp.grad.tolist() == pytest.approx([0.75 * math.exp(0.2), 0.75 * math.exp(-0.5)])
     # Without the flag the k1 KL is 0.5 per token and its gradient 0.5 per token.
     lp2 = lp.detach().clone().requires_grad_(True)
-    plain, _ = policy_loss_fn(_args(use_kl_loss=True, kl_loss_coef=1.0))([lp2], rows, [torch.zeros(2)])
+    plain, _ = policy_loss_fn(_args(use_kl_loss=True, kl_loss_coef=1.0))([lp2], batch, [torch.zeros(2)])
     plain.backward()
     assert plain.item() == pytest.approx(0.5) and lp2.grad.tolist() == pytest.approx([0.5, 0.5])
 
@@ -85,12 +85,12 @@ def test_opsm_masks_negative_advantages_of_drifted_sequences() -> None:
     assert keep.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     # PPO clip (eps 0.2), token mean over 6 tokens. Sample 1: ratio e^-0.5, A = 1 -> -e^-0.5 per token.
     # Sample 2: ratio e, A = -1 -> max(e, 1.2) = e per token. Sample 0 (masked) would add max(e^-0.5, 0.8) = 0.8.
-    rows = loss_rows([torch.ones(2)] * 3, "token-mean", old_log_probs=old, advantages=adv)
+    batch = loss_batch([torch.ones(2)] * 3, "token-mean", old_log_probs=old, advantages=adv)
     per_sample, zeros = list(lp.split(2)), [torch.zeros(2)] * 3
-    loss, stats = policy_loss_fn(_args(use_opsm=True))(per_sample, rows, zeros)
+    loss, stats = policy_loss_fn(_args(use_opsm=True))(per_sample, batch, zeros)
     assert loss.item() == pytest.approx((2 * -math.exp(-0.5) + 2 * math.e) / 6)
     assert stats["opsm_clipfrac"] == pytest.approx(2 / 6)
-    off, _ = policy_loss_fn(_args())(per_sample, rows, zeros)
+    off, _ = policy_loss_fn(_args())(per_sample, batch, zeros)
     assert off.item() == pytest.approx((2 * 0.8 + 2 * -math.exp(-0.5) + 2 * math.e) / 6)
 
 
@@ -99,12 +99,12 @@ def test_custom_tis_function_rejects_tokens_and_keeps_the_normaliser(hooks: str)
     # rho = pi_old / mu = [e^1, e^-0.5]: the hook rejects token 0 (rho > 1.5) and weighs token 1 by e^-0.5.
     # The per-sample token mean keeps its denominator 2 (as slime): loss = -e^-0.5 / 2.
     lp = torch.tensor([-1.0, -1.0], requires_grad=True)
-    rows = loss_rows(
+    batch = loss_batch(
         [torch.ones(2)], "seq-mean-token-mean", old_log_probs=[torch.tensor([-1.0, -1.0])],
-        advantages=[torch.ones(2)], rollout_log_probs=[torch.tensor([-2.0, -0.5])], total_length=[5],
+        advantages=[torch.ones(2)], rollout_log_probs=[torch.tensor([-2.0, -0.5])], total_lengths=[5],
     )  # fmt: skip
     args = _args(use_tis=True, custom_tis_function_path=f"{hooks}.tis")
-    loss, stats = policy_loss_fn(args)([lp], rows, [torch.zeros(2)])
+    loss, stats = policy_loss_fn(args)([lp], batch, [torch.zeros(2)])
     assert loss.item() == pytest.approx(-math.exp(-0.5) / 2)
     assert stats["my_ratio"] == pytest.approx((math.e + math.exp(-0.5)) / 2)  # metrics over the pre-rejection tokens
     loss.backward()
@@ -119,15 +119,15 @@ def test_custom_pg_loss_reducer_is_scaled_as_slime_scales_it(hooks: str, per_tok
     masks = [torch.ones(2), torch.tensor([1.0, 0.0])]
     mode = "token-mean" if per_token else "seq-mean-token-mean"
     old = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -1.0])]
-    rows = loss_rows(masks, mode, old_log_probs=old, advantages=[torch.ones(2), torch.tensor([2.0, 7.0])],
-                 total_length=[4, 4])  # fmt: skip
+    batch = loss_batch(masks, mode, old_log_probs=old, advantages=[torch.ones(2), torch.tensor([2.0, 7.0])],
+                 total_lengths=[4, 4])  # fmt: skip
     args = _args(
         custom_pg_loss_reducer_function_path=f"{hooks}.token_sum", calculate_per_token_loss=per_token,
         loss_agg_mode=mode,
     )  # fmt: skip
     fn = policy_loss_fn(args)
     want = -4 / 3 if per_token else -2.0
-    whole, _ = fn([torch.full((2,), -1.0)] * 2, rows, [torch.zeros(2)] * 2)
+    whole, _ = fn([torch.full((2,), -1.0)] * 2, batch, [torch.zeros(2)] * 2)
     assert whole.item() == pytest.approx(want)
-    parts = [fn([torch.full((2,), -1.0)], [row], [torch.zeros(2)])[0].item() for row in rows]
+    parts = [fn([torch.full((2,), -1.0)], batch.select([i]), [torch.zeros(2)])[0].item() for i in range(2)]
     assert sum(parts) == pytest.approx(want)

@@ -2,8 +2,9 @@
 
 Given the engines' forwards of the share (the old policy's log-probs, and the reference's, the critic's values,
 the teacher's), RLStep computes advantages (advantages.py), off-policy weights (off_policy.py) and mismatch
-metrics into one row per sample (rows.TrainRow), then each optimizer step's rows with their token weights of
---loss-agg-mode (aggregation.py). The trainer rank (slime_like/trainer/actor.py) runs the forwards and the train steps.
+metrics into the share's batch (its trainer columns: buffer.train_data.TrainData), then each optimizer step's rows
+with their token weights of --loss-agg-mode (aggregation.py). The trainer rank (slime_like/trainer/actor.py) runs
+the forwards and the train steps.
 
 A rank holds only its share (buffer.train_data.RankShare): its rows, with their rewards already shaped on the
 rollout side (the overlong penalty and the group baselines, buffer/group_rewards.py), and the rollout's size.
@@ -15,18 +16,17 @@ Log-probs never leave their rank, except for a custom advantage function, which 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Any, Protocol
 
 import torch
 
 from buffer.group_rewards import RewardShaping
-from buffer.train_data import RankShare
+from buffer.train_data import RankShare, TrainData
 from slime_like.trainer.algorithms.advantages import AdvantageInputs, Advantages, RolloutScope, compute_advantages
 from slime_like.trainer.algorithms.aggregation import token_weights
 from slime_like.trainer.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_sums, tis_weights
-from slime_like.trainer.algorithms.rows import TrainRow
 from slime_like.trainer.algorithms.step_hooks import StepHooks
 
 
@@ -89,26 +89,18 @@ def every_sample(share: RankShare, collectives: Collectives, column: str, flag: 
 
 
 class RLStep:
-    """Rows, step weights and metrics of one rank's share, for the run's arguments and step hooks."""
+    """The trainer columns, step weights and metrics of one rank's share, for the run's arguments and hooks."""
 
     def __init__(self, args: Any, hooks: StepHooks, collectives: Collectives) -> None:
         self.args = args
         self.hooks = hooks
         self.collectives = collectives
 
-    def sft_rows(self, share: RankShare) -> list[TrainRow]:
-        """An SFT step's rows: response lengths and loss masks."""
-        data = share.data
-        return [
-            {"response_length": n, "loss_mask": torch.tensor(m, dtype=torch.float32)}
-            for n, m in zip(data.response_lengths, data.loss_masks, strict=True)
-        ]
-
-    def rl_rows(self, share: RankShare, forwards: Forwards) -> tuple[list[TrainRow], dict[str, float]]:
-        """Advantages and off-policy weights of this rank's samples, as rows, and the rollout's metrics."""
+    def rl_batch(self, share: RankShare, forwards: Forwards) -> tuple[TrainData, dict[str, float]]:
+        """The share's batch with its old log-probs, advantages and off-policy weights, and the rollout's metrics."""
         args, data = self.args, share.data
         lengths = data.response_lengths
-        masks = [torch.tensor(m, dtype=torch.float32) for m in data.loss_masks]
+        masks = data.masks()
         old_lp, ref_lp, values = forwards.old_log_probs, forwards.ref_log_probs, forwards.values
         rollout_lp = [None if r is None else torch.tensor(r, dtype=torch.float32) for r in data.rollout_log_probs]
         if len(data.rewards) != len(data) or len(data.baselined_rewards) != len(data):
@@ -144,49 +136,36 @@ class RLStep:
         )
         if self.hooks.needs_rollout_log_probs:
             self._require_rollout(without, rollout_lp, self.hooks.needs_rollout_log_probs)
-        extra = self.hooks.row_fields
-        rows: list[TrainRow] = []
-        for i, mask in enumerate(masks):
-            row: TrainRow = {
-                "response_length": lengths[i],
-                "loss_mask": mask,
-                "old_log_probs": old[i],
-                "advantages": result.advantages[i],
-            }
-            if ref_lp is not None:
-                row["ref_log_probs"] = ref_lp[i]
-            if is_weights is not None:
-                row["is_weight"] = is_weights[i]
-            if values is not None:
-                row["old_values"], row["returns"] = values[i], result.returns[i]  # type: ignore[index]
-            if "tokens" in extra:
-                row["tokens"] = torch.tensor(data.tokens[i])
-            if "total_length" in extra:
-                row["total_length"] = len(data.tokens[i])
-            if "rollout_log_probs" in extra and rollout_lp[i] is not None:
-                row["rollout_log_probs"] = rollout_lp[i]  # type: ignore[typeddict-item]
-            rows.append(row)
+        batch = replace(
+            data,
+            old_log_probs=list(old),
+            advantages=list(result.advantages),
+            ref_log_probs=list(ref_lp or []),
+            is_weights=list(is_weights or []),
+            old_values=list(values or []),
+            returns=list(result.returns or []) if values is not None else [],
+        )
         with_lp = without < len(share.rollout)
         metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights, with_lp))
         if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
             tokens = max(1.0, sum(self.collectives.rows(share, [float(m.sum()) for m in masks])))
             kl = sum(self.collectives.rows(share, [float(k.sum()) for k in result.opd_reverse_kl]))
             metrics["train/opd_reverse_kl"] = kl / tokens
-        return rows, metrics
+        return batch, metrics
 
-    def loss_tokens(self, share: RankShare, rows: list[TrainRow]) -> list[float]:
+    def loss_tokens(self, share: RankShare, batch: TrainData) -> list[float]:
         """Loss tokens of every sample of the rollout, in rollout order: each step's aggregation counts them."""
-        return self.collectives.rows(share, [float(r["loss_mask"].sum()) for r in rows])
+        return self.collectives.rows(share, [float(sum(m)) for m in batch.loss_masks])
 
-    def step_rows(self, rows: list[TrainRow], counts: list[float], bounds: tuple[int, int]) -> list[TrainRow]:
-        """`rows` (this rank's part of one step) with their aggregation weights (--loss-agg-mode) and token-mean
+    def step_batch(self, batch: TrainData, counts: list[float], bounds: tuple[int, int]) -> TrainData:
+        """`batch` (this rank's rows of one step) with its aggregation weights (--loss-agg-mode) and token-mean
         metric weights; `counts` are every sample's loss tokens (loss_tokens), `bounds` the step's rows of them."""
         step_counts = counts[bounds[0] : bounds[1]]
         totals = (sum(c > 0 for c in step_counts), sum(step_counts))
-        masks = [r["loss_mask"] for r in rows]
+        masks = batch.masks()
         weights = token_weights(masks, self.args.loss_agg_mode, self.args.rollout_max_response_len, totals)
         metric = token_weights(masks, "token-mean", totals=totals)
-        return [{**r, "token_weight": w, "metric_weight": m} for r, w, m in zip(rows, weights, metric, strict=True)]
+        return replace(batch, token_weights=list(weights), metric_weights=list(metric))
 
     @staticmethod
     def step_means(step_metrics: list[dict[str, float]]) -> dict[str, float]:

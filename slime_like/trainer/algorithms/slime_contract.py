@@ -5,7 +5,7 @@ advantage estimator as `fn(args, rollout_data) -> None`, which sets `rollout_dat
 `["returns"]`. Its TIS function (--custom-tis-function-path) and pg-loss reducer
 (--custom-pg-loss-reducer-function-path) run inside our policy loss (slime_tis, slime_pg_reducer). Each is
 wrapped once, when step_hooks.py loads it, into our contract; the adapters build slime's arguments from ours at
-the call boundary (slime's per-sample keys: rows.py):
+the call boundary (slime's per-sample keys: slime_lists.py):
 
 - Our engine hands a loss per-token log-probs and entropies of the responses, not the [1, T, V] logits. The
   `logits` a slime loss gets is a `ResponseLogits`, which `get_log_probs_and_entropy` (also importable as
@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
+from buffer.train_data import TrainData
 from rollout.slime_contract import slime_args
 from slime_like.core.plugin_loader import load_plugin
 from slime_like.trainer.algorithms.advantages import AdvantageInputs, Advantages
 from slime_like.trainer.algorithms.grpo import grpo_advantages
 from slime_like.trainer.algorithms.kl import kl_estimate
-from slime_like.trainer.algorithms.rows import TrainRow, slime_lists
+from slime_like.trainer.algorithms.slime_lists import slime_lists
 
-Rows = list[TrainRow]
 # Estimators whose rewards slime normalises per group before the estimator runs (rewards_normalization).
 NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
@@ -82,11 +82,11 @@ def get_log_probs_and_entropy(
     return logits.log_probs[0].new_empty((0,)), out
 
 
-def slime_batch(rows: Rows) -> dict[str, Any]:
-    """slime's `batch` for a loss: one entry per sample of the micro-batch (rows carry "tokens" for this)."""
-    batch = slime_lists(rows, [r["tokens"] for r in rows])
+def slime_batch(micro: TrainData, device: torch.device | None = None) -> dict[str, Any]:
+    """slime's `batch` for a loss: one entry per sample of the micro-batch, its tensors on `device`."""
+    batch = slime_lists(micro, device)
     batch["unconcat_tokens"] = batch["tokens"]
-    batch["rollout_mask_sums"] = [r["loss_mask"].sum() for r in rows]
+    batch["rollout_mask_sums"] = [m.sum() for m in batch["loss_masks"]]
     batch.setdefault("returns", batch["advantages"])  # slime's returns are the advantages without a critic
     return batch
 
@@ -95,23 +95,23 @@ def slime_loss_fn(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torc
     """Our engine's loss function around a slime custom loss (--custom-loss-function-path)."""
     view = slime_args(args)
 
-    def loss_fn(log_probs: list[torch.Tensor], rows: Rows, entropy: list[torch.Tensor] | None = None):
-        lengths = [r["response_length"] for r in rows]
+    def loss_fn(log_probs: list[torch.Tensor], micro: TrainData, entropy: list[torch.Tensor] | None = None):
+        lengths = micro.response_lengths
         resp = [lp[-n:] for lp, n in zip(log_probs, lengths, strict=True)]
         ents = None if entropy is None else [e[-n:] for e, n in zip(entropy, lengths, strict=True)]
-        weights = torch.cat([r["token_weight"] for r in rows])
+        weights = torch.cat(micro.token_weights)
 
         def sum_of_sample_mean(x: torch.Tensor) -> torch.Tensor:
             return (x * weights).sum()
 
-        loss, metrics = fn(view, slime_batch(rows), ResponseLogits(resp, ents), sum_of_sample_mean)
+        loss, metrics = fn(view, slime_batch(micro, weights.device), ResponseLogits(resp, ents), sum_of_sample_mean)
         return loss, {k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()}
 
     return loss_fn
 
 
 def slime_tis(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
-    """A slime TIS function (--custom-tis-function-path) as `(pg_loss, rows) -> (pg_loss, kept, metrics)`.
+    """A slime TIS function (--custom-tis-function-path) as `(pg_loss, micro) -> (pg_loss, kept, metrics)`.
 
     slime calls it as fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths,
     response_lengths) with pg_loss the micro-batch's per-token loss (responses concatenated) and per-sample
@@ -121,15 +121,16 @@ def slime_tis(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torch.Te
     """
     view = slime_args(args)
 
-    def apply(pg_loss: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def apply(pg_loss: torch.Tensor, micro: TrainData) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        device = pg_loss.device
         pg_loss, masks, metrics = fn(
             view,
             pg_loss=pg_loss,
-            train_log_probs=[r["old_log_probs"] for r in rows],
-            rollout_log_probs=[r["rollout_log_probs"] for r in rows],
-            loss_masks=[r["loss_mask"] for r in rows],
-            total_lengths=[r["total_length"] for r in rows],
-            response_lengths=[r["response_length"] for r in rows],
+            train_log_probs=list(micro.old_log_probs),
+            rollout_log_probs=[torch.as_tensor(r, dtype=torch.float32, device=device) for r in micro.rollout_log_probs],
+            loss_masks=[m.to(device) for m in micro.masks()],
+            total_lengths=[len(t) for t in micro.tokens],
+            response_lengths=list(micro.response_lengths),
         )
         return pg_loss, torch.cat([torch.as_tensor(m, dtype=torch.float32) for m in masks]), dict(metrics or {})
 
@@ -138,7 +139,7 @@ def slime_tis(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torch.Te
 
 def slime_pg_reducer(args: Any, fn: Callable[..., Any]) -> Callable[..., torch.Tensor]:
     """A slime pg-loss reducer factory (--custom-pg-loss-reducer-function-path) as
-    `(pg_loss, rows, masks, token_weight) -> the micro-batch's share of the step's policy-gradient loss`.
+    `(pg_loss, micro, masks, token_weight) -> the micro-batch's share of the step's policy-gradient loss`.
 
     slime calls fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) and applies the
     reducer it returns to the concatenated per-token pg loss, in place of its per-sample token mean summed over
@@ -148,15 +149,11 @@ def slime_pg_reducer(args: Any, fn: Callable[..., Any]) -> Callable[..., torch.T
     """
 
     def reduce(
-        pg_loss: torch.Tensor, rows: Rows, masks: list[torch.Tensor], token_weight: torch.Tensor
+        pg_loss: torch.Tensor, micro: TrainData, masks: list[torch.Tensor], token_weight: torch.Tensor
     ) -> torch.Tensor:
-        reducer = fn(
-            [r["total_length"] for r in rows],
-            [r["response_length"] for r in rows],
-            masks,
-            bool(args.calculate_per_token_loss),
-        )
-        per_row = [w.sum() for w in token_weight.split([r["response_length"] for r in rows])]
+        lengths = list(micro.response_lengths)
+        reducer = fn([len(t) for t in micro.tokens], lengths, masks, bool(args.calculate_per_token_loss))
+        per_row = [w.sum() for w in token_weight.split(lengths)]
         scale = float(token_weight.max()) if args.loss_agg_mode == "token-mean" else float(max(per_row))
         return reducer(pg_loss) * scale
 

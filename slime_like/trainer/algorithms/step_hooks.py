@@ -2,8 +2,8 @@
 
 --custom-loss-function-path and --custom-advantage-function-path follow our contract or slime's (rule:
 slime_like/core/plugin_loader.py); slime's, and its TIS function and pg-loss reducer, are wrapped here into
-ours by slime_contract.py, so the step (rl_step.py) calls one contract. What slime's hooks read beyond our rows
-is declared here too (row_fields), not tested for where rows are built.
+ours by slime_contract.py, so the step (rl_step.py) calls one contract. slime's hooks read the batch's columns
+under slime's keys (slime_lists.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ class StepHooks:
 
     loss_fn: LossFn
     advantage: Callable[[Any, AdvantageInputs], Any] | None = None
-    # Row fields beyond ours (rows.TrainRow) that the loaded hooks read: "tokens", "total_length",
-    # "rollout_log_probs" (where the sample has them).
-    row_fields: frozenset[str] = frozenset()
     # The flag of a hook that needs SGLang's log-probs of every sample (None: none does).
     needs_rollout_log_probs: str | None = None
     contracts: dict[str, str] = field(default_factory=dict)  # flag -> "native" | "slime", for the hooks set
@@ -47,28 +44,21 @@ def load_step_hooks(args: Any) -> StepHooks:
     """The loss of --loss-type and the custom advantage function, loaded and adapted; PluginError names the flag."""
     api = getattr(args, "plugin_api", "auto")
     contracts: dict[str, str] = {}
-    fields: set[str] = set()
     if args.loss_type == "sft_loss":
         loss_fn = sft_loss_fn()
     elif args.loss_type == "custom_loss":
         hook, contracts[LOSS_FLAG] = load_hook(args.custom_loss_function_path, LOSS_FLAG, api, *LOSS_SIG)
         if contracts[LOSS_FLAG] == "slime":
             loss_fn = slime_loss_fn(args, hook)
-            fields |= {"tokens", "rollout_log_probs"}  # slime's loss batch carries them
         else:
             loss_fn = custom_loss_fn(args, hook)
     else:
         loss_fn = policy_loss_fn(args, slime_pg_hooks(args))
-    if getattr(args, "custom_tis_function_path", None) or getattr(args, "custom_pg_loss_reducer_function_path", None):
-        fields.add("total_length")  # slime's TIS function and reducer read the samples' lengths
-    needs = None
-    if getattr(args, "custom_tis_function_path", None):
-        fields.add("rollout_log_probs")
-        needs = TIS_FLAG
+    needs = TIS_FLAG if getattr(args, "custom_tis_function_path", None) else None
     advantage = None
     if args.custom_advantage_function_path:
         path = args.custom_advantage_function_path
         advantage, contracts[ADVANTAGE_FLAG] = load_hook(path, ADVANTAGE_FLAG, api, *ADV_SIG)
         if contracts[ADVANTAGE_FLAG] == "slime":
             advantage = slime_advantage_hook(advantage)
-    return StepHooks(loss_fn, advantage, frozenset(fields), needs, contracts)
+    return StepHooks(loss_fn, advantage, needs, contracts)

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from buffer.train_data import TrainData
 from slime_like.trainer.megatron import context_parallel as cp_lib
 from slime_like.trainer.megatron import lora as lora_lib
 from slime_like.trainer.megatron import model as model_lib
@@ -154,11 +155,12 @@ def _model_config(chunk: torch.nn.Module) -> Any:
     return get_model_config(chunk)
 
 
-def _on_device(item: Any, device: torch.device) -> Any:
-    """A loss function's per-sequence data with its tensors on the logits' device (rows are built on CPU)."""
-    if isinstance(item, dict):
-        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in item.items()}
-    return item
+def _micro_batch(data: TrainData | Sequence[Any], indices: list[int], device: torch.device) -> Any:
+    """A loss function's data of one micro-batch: a training batch's rows at `indices`, their tensors on the logits'
+    device (the trainer makes them on the CPU), or those items of a plain per-sequence list."""
+    if isinstance(data, TrainData):
+        return data.select(indices).to(device)
+    return [data[i] for i in indices]
 
 
 class MegatronTrainEngine:
@@ -304,7 +306,7 @@ class MegatronTrainEngine:
     def train_step(
         self,
         sequences: Sequence[Sequence[int] | torch.Tensor],
-        per_sequence_data: Sequence[Any],
+        per_sequence_data: TrainData | Sequence[Any],
         loss_fn: LossFn,
         with_entropy: bool = False,
         entropy_grad: bool = True,
@@ -315,6 +317,8 @@ class MegatronTrainEngine:
         """One optimizer step on the full batch (local=True: on this DP rank's share of the step); returns the loss
         and metric shares summed over all ranks, grad_norm and lr.
 
+        per_sequence_data: the training batch of `sequences` (each micro-batch's rows go to loss_fn as a TrainData),
+        or any per-sequence list (loss_fn then gets the micro-batch's items).
         entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward.
         routing: per sequence the experts to replay in the forward (and any recompute), as in forward_logprobs.
         mtp_loss_masks: with MTP layers, per sequence the tokens the MTP loss counts, aligned with its log-probs."""
@@ -595,7 +599,7 @@ class MegatronTrainEngine:
         else:
             logprobs, entropy = self._outputs(mb, shard, logits, with_entropy, entropy_grad)
             kwargs = {"entropy": entropy} if with_entropy else {}
-            result = loss_fn(logprobs, [_on_device(data[i], logits.device) for i in real], **kwargs)
+            result = loss_fn(logprobs, _micro_batch(data, real, logits.device), **kwargs)
             share, metrics = result if isinstance(result, tuple) else (result, {})
         reported = {"loss": share.detach(), **{k: torch.as_tensor(v).detach() for k, v in metrics.items()}}
         return share * loss_rescale(num_mb), reported

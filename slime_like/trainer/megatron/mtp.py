@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from buffer.train_data import TrainData
 from slime_like.trainer.megatron import hf_weights
 from slime_like.trainer.megatron.flags import MTP_TRAINED_FAMILIES
 
@@ -277,14 +278,13 @@ class MTPTraining:
         self.counts = [max(1.0, float(c)) for c in counts]
 
     @staticmethod
-    def loss_masks(sequences: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]]) -> list[torch.Tensor]:
+    def loss_masks(batch: TrainData) -> list[torch.Tensor]:
         """Per sequence the tokens the MTP loss counts, aligned with its log-probs: the response tokens the policy
-        loss counts (a row's loss_mask over its response_length last tokens), never the prompt."""
-        masks = []
-        for tokens, row in zip(sequences, rows, strict=True):
-            response = torch.as_tensor(row["loss_mask"], dtype=torch.float32).flatten()[-row["response_length"] :]
-            masks.append(torch.cat([torch.zeros(len(tokens) - 1 - len(response)), response]))
-        return masks
+        loss counts (its loss mask), never the prompt."""
+        return [
+            torch.cat([torch.zeros(len(tokens) - 1 - len(mask)), mask])
+            for tokens, mask in zip(batch.tokens, batch.masks(), strict=True)
+        ]
 
     def end_step(self) -> None:
         """Forget the step's masks."""
