@@ -9,7 +9,7 @@ PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 STAMP="$VENV/.slime_like_setup"
 # The stamp is the hash of every file that decides what gets installed.
-WANT="$(cat "$ROOT/scripts/setup.sh" "$ROOT/requirements/"*.txt "$ROOT/pyproject.toml" "$ROOT/tools/patch_torchvision.py" | sha256sum | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/scripts/setup.sh" "$ROOT/requirements/cpu.txt" "$ROOT/requirements/constraints-cpu.txt" "$ROOT/pyproject.toml" "$ROOT/tools/patch_torchvision.py" | sha256sum | cut -d' ' -f1)"
 if [[ -z "${FORCE:-}" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   echo "[setup] .venv is up to date"
   exit 0

@@ -6,6 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
+bash scripts/setup-verifiers.sh  # the verifiers environment's tests (tests/integration/test_verifiers_env.py)
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 OMP_NUM_THREADS=1 exec .venv/bin/pytest "$@"
