@@ -1,9 +1,9 @@
 """The engine's loss functions: policy (PPO / GSPO / CISPO with KL, entropy, IS weights), value, SFT, custom.
 
 Each returns its micro-batch's share of the step's objective, sum_it c_it * l_it over the
-micro-batch's samples, with c the aggregation coefficients ("token_weight", already times the loss
+micro-batch's samples, with c the aggregation coefficients (`token_weights`, already times the loss
 mask) that the trainer computed on the whole step (aggregation.py). Metrics are shares as well,
-weighted by "metric_weight" (token-mean), so the engine's sums over micro-batches and DP ranks are
+weighted by `metric_weights` (token-mean), so the engine's sums over micro-batches and DP ranks are
 the step's token means. A loss function gets its micro-batch as the training batch itself (buffer.train_data.
 TrainData, the micro-batch's rows): response_lengths, loss_masks, token_weights, metric_weights, old_log_probs,
 advantages and, when used, is_weights and ref_log_probs; a critic's loss reads old_values and returns.
