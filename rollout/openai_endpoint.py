@@ -44,7 +44,7 @@ import secrets
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -241,11 +241,16 @@ class OpenAIEndpoint:
         of CPU per call on the rollout's event loop (scripts/bench/README.md); other URLs go through a shared
         connection pool (a client of its own builds an SSL context, ~70 ms of CPU per sample). Closing the client
         leaves the pool open; the pool closes with the endpoint."""
+        pool = _BorrowedTransport(self._pool)
+        return httpx.AsyncClient(transport=_InProcessTransport(self, pool) if in_process else pool, timeout=None)
+
+    def _pool(self) -> httpx.AsyncHTTPTransport:
+        """The connection pool lent to the agents' clients, made at its first request: making it loads the CA
+        certificates (~20 ms of CPU), which calls answered in process never need."""
         if self._transport is None:
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
             self._transport = httpx.AsyncHTTPTransport(limits=limits)
-        pool = _BorrowedTransport(self._transport)
-        return httpx.AsyncClient(transport=_InProcessTransport(self, pool) if in_process else pool, timeout=None)
+        return self._transport
 
     def base_url(self, session: ChatSession) -> str:
         """The `base_url` an OpenAI client uses for this session."""
@@ -531,11 +536,11 @@ def current_endpoint() -> OpenAIEndpoint | None:
 class _BorrowedTransport(httpx.AsyncBaseTransport):
     """The endpoint's connection pool seen by one client: requests go through, closing the client keeps the pool."""
 
-    def __init__(self, pool: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, pool: Callable[[], httpx.AsyncBaseTransport]) -> None:
         self.pool = pool
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.pool.handle_async_request(request)
+        return await self.pool().handle_async_request(request)
 
     async def aclose(self) -> None:
         pass
