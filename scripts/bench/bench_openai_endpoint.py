@@ -1,6 +1,6 @@
 """Throughput of agents through the OpenAI-compatible endpoint vs the native generate function, same job.
 
-    .venv/bin/python scripts/bench/bench_openai_endpoint.py              # ~3 min on 2 cores
+    .venv/bin/python scripts/bench/bench_openai_endpoint.py              # ~2 min on 2 cores
     .venv/bin/python scripts/bench/bench_openai_endpoint.py --turns 3 --rounds 5
 
 One SGLang server behind sglang-router serves the demo's tiny Qwen3 (scripts/bench/bench_loop.py's `prepare`).
@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=64, help="samples per round (8 prompts x 8)")
     p.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per turn")
     p.add_argument("--turns", type=int, default=1, help="assistant turns per sample")
-    p.add_argument("--rounds", type=int, default=4, help="timed rounds per path, after one warm-up each")
+    # 8: the median of 4 per-round ratios still moved by ~0.06 between quiet runs (scripts/bench/README.md).
+    p.add_argument("--rounds", type=int, default=8, help="timed rounds per path, after one warm-up each")
     p.add_argument("--sft-steps", type=int, default=0, help="(prepare) SFT warm start steps; 0: random init")
     p.add_argument("--keep", action="store_true", help="keep the work dir")
     return p.parse_args(argv)
