@@ -130,7 +130,10 @@ class VerifiersWorker:
             entry = self.pending.get(request_id)  # type: ignore[arg-type]
         if entry is not None:
             loop, future = entry
-            loop.call_soon_threadsafe(lambda: None if future.done() else settle(future))
+            try:
+                loop.call_soon_threadsafe(lambda: None if future.done() else settle(future))
+            except RuntimeError:  # that rollout's loop has closed: nobody waits for this answer any more
+                pass
 
 
 _workers: dict[str, VerifiersWorker] = {}
