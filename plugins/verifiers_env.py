@@ -17,8 +17,9 @@ verifiers needs openai>=2.9 and SGLang 0.5.15.post1 pins openai==2.6.1, so the e
 rollout's process: one worker process per rollout process (plugins/verifiers_worker.py, started on the first sample)
 loads it in .venv-verifiers and runs each sample's rollout there, its model calls going over HTTP to the sample's
 session of our OpenAI-compatible endpoint (rollout/openai_endpoint.py). So the sample trains on exactly the ids the
-engines received and sampled (plugins/openai_agent.py), and its reward is the environment's rubric score. A worker
-that dies fails its samples with its last output and is started again for the next one.
+engines received and sampled (plugins/openai_agent.py), and its reward is the environment's rubric score. An
+environment that cannot load stops the run with the cause (as any generate function's error does); a worker that
+dies fails its samples with its last output and is started again for the next one.
 """
 
 from __future__ import annotations
