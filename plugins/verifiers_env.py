@@ -90,8 +90,12 @@ class VerifiersWorker:
                 raise WorkerError(self.failure or "the verifiers worker has exited")
             request_id = self.next_id = self.next_id + 1
             self.pending[request_id] = (loop, future)
-            self.proc.stdin.write(json.dumps({**request, "id": request_id}) + "\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
+            try:
+                self.proc.stdin.write(json.dumps({**request, "id": request_id}) + "\n")  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+            except OSError as exc:  # it exited since the check: its reader thread says why
+                self.pending.pop(request_id)
+                raise WorkerError(self.failure or f"the verifiers worker has exited ({exc})") from exc
         try:
             return await future
         finally:
@@ -110,7 +114,13 @@ class VerifiersWorker:
 
     def _read_stdout(self) -> None:
         for line in self.proc.stdout:  # type: ignore[union-attr]
-            message = json.loads(line)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+            if not isinstance(message, dict):  # not the protocol's: kept with its output
+                self.tail.append(line.rstrip())
+                continue
             if "fatal" in message:
                 self.failure = message["fatal"]
             elif message.get("ready"):

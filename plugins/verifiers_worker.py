@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any, TextIO
 
@@ -93,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-dataset", default=None, help="write the dataset as prompt data (jsonl) and exit")
     parser.add_argument("--n", type=int, default=-1, help="rows to dump (default: all)")
     args = parser.parse_args(argv)
-    out, sys.stdout = sys.stdout, sys.stderr  # stdout carries the protocol: prints and progress bars go to stderr
+    # The protocol gets its own copy of stdout; everything else written to stdout (prints, progress bars, a C
+    # library's output) goes to stderr.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
         import verifiers as vf
 
