@@ -64,11 +64,11 @@ class TrainData:
         """The rows at `indices`, in that order."""
         return TrainData(**{f.name: _take(getattr(self, f.name), indices) for f in fields(self)})
 
-    def masks(self) -> list[Tensor]:
-        """The loss masks as float tensors."""
+    def masks(self, where: device | None = None) -> list[Tensor]:
+        """The loss masks as float tensors (on `where`, default the CPU)."""
         import torch
 
-        return [torch.as_tensor(m, dtype=torch.float32) for m in self.loss_masks]
+        return [torch.as_tensor(m, dtype=torch.float32, device=where) for m in self.loss_masks]
 
     def to(self, where: device) -> TrainData:
         """This batch with its tensor columns on `where` (the trainer makes them on the CPU)."""

@@ -43,8 +43,8 @@ def _engine(hf_dir: Path, mtp: bool) -> MegatronTrainEngine:
 
 def _policy_loss(logprobs: list[torch.Tensor], micro: TrainData) -> torch.Tensor:
     """Minus the mean log-prob of each response (a stand-in for the policy loss)."""
-    masks = micro.masks()
-    return sum(-(lp[-len(m) :] * m.to(lp.device)).sum() / 10 for lp, m in zip(logprobs, masks, strict=True))
+    masks = micro.masks(logprobs[0].device)
+    return sum(-(lp[-len(m) :] * m).sum() / 10 for lp, m in zip(logprobs, masks, strict=True))
 
 
 def _main_grads(engine: MegatronTrainEngine) -> dict[str, torch.Tensor]:

@@ -87,7 +87,7 @@ def policy_loss_fn(args: Any, pg_hooks: PgHooks | None = None) -> LossFn:
         lp = torch.cat([x[-n:] for x, n in zip(log_probs, lengths, strict=True)])
         ent = torch.cat([x[-n:] for x, n in zip(entropy, lengths, strict=True)])
         flat = _concat(micro, columns)
-        flat["loss_mask"] = torch.cat(micro.masks()).to(lp.device)
+        flat["loss_mask"] = torch.cat(micro.masks(lp.device))
         mw, weight = flat["metric_weights"], flat["token_weights"]
         out = policy_objective(args, lp, flat, lengths)
         pg, pg_weight, extra = out.loss, weight, {}

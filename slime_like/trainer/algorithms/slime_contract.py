@@ -128,7 +128,7 @@ def slime_tis(args: Any, fn: Callable[..., Any]) -> Callable[..., tuple[torch.Te
             pg_loss=pg_loss,
             train_log_probs=list(micro.old_log_probs),
             rollout_log_probs=[torch.as_tensor(r, dtype=torch.float32, device=device) for r in micro.rollout_log_probs],
-            loss_masks=[m.to(device) for m in micro.masks()],
+            loss_masks=micro.masks(device),
             total_lengths=[len(t) for t in micro.tokens],
             response_lengths=list(micro.response_lengths),
         )

@@ -36,7 +36,7 @@ def slime_lists(batch: TrainData, device: torch.device | None = None) -> dict[st
         "tokens": tokens,
         "total_lengths": [len(t) for t in tokens],
         "response_lengths": list(batch.response_lengths),
-        "loss_masks": [m.to(device) for m in batch.masks()] if device is not None else batch.masks(),
+        "loss_masks": batch.masks(device),
     }
     for ours, theirs in SLIME_KEYS.items():
         column = getattr(batch, ours)
