@@ -37,6 +37,11 @@ Agent = Callable[[str, str, Sample], Awaitable[None]]
 AGENT_TIMEOUT_S = 300.0
 
 
+def prompt_messages(prompt: Any) -> list[Any]:
+    """A sample's prompt as chat messages: its list of messages, or one user message of its text."""
+    return list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+
+
 def openai_client(base_url: str, api_key: str, *, in_process: bool = True, **kwargs: Any) -> openai.AsyncOpenAI:
     """An AsyncOpenAI client for a session. Inside a rollout its calls are answered by the endpoint in process
     (`in_process`; else over HTTP on the endpoint's shared connection pool): a plain `openai.AsyncOpenAI` goes
@@ -93,8 +98,7 @@ async def run_openai_agent(
 async def example_agent(base_url: str, api_key: str, sample: Sample) -> None:
     """Answer, then revise the answer when asked to check it: two turns with the OpenAI SDK."""
     client = openai_client(base_url, api_key, max_retries=0)
-    prompt = sample.prompt
-    messages: list[Any] = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    messages = prompt_messages(sample.prompt)
     async with client:
         for follow_up in ("Check your answer and give the final one.", None):
             reply = await client.chat.completions.create(model="policy", messages=messages)

@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from plugins.openai_agent import AGENT_TIMEOUT_S, run_openai_agent
+from plugins.openai_agent import AGENT_TIMEOUT_S, prompt_messages, run_openai_agent
 from rollout.context import RolloutContext
 from slime_like.core.sample import Sample
 
@@ -168,10 +168,6 @@ def worker_for(args: Any) -> VerifiersWorker:
         return worker
 
 
-def _messages(prompt: Any) -> list[dict[str, Any]]:
-    return list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-
-
 async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """--custom-generate-function-path entry point: the environment's rollout of the sample's prompt."""
     args = ctx.args
@@ -183,7 +179,7 @@ async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[st
             "api_key": api_key,
             "model": "policy",
             "sampling_args": dict(getattr(args, "verifiers_sampling_args", None) or {}),
-            "prompt": _messages(sample.prompt),
+            "prompt": prompt_messages(sample.prompt),
             "answer": "" if sample.label is None else str(sample.label),
             "info": sample.metadata.get("info") or {},
             "example_id": sample.metadata.get("example_id", sample.index),
