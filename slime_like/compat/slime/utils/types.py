@@ -22,8 +22,32 @@ FINISH_REASON_STATUS = {"length": Status.TRUNCATED, "abort": Status.ABORTED, "st
 
 
 @dataclass
-class SpecInfo:
+class _MetaInfoCounts:
+    """Counts summed over a sample's /generate answers: each field adds its meta_info key (META_KEYS, else its
+    own name)."""
+
+    META_KEYS: ClassVar[dict[str, str]] = {}
+
+    def add(self, meta_info: dict[str, Any]) -> None:
+        """Add one answer's meta_info counts."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + meta_info.get(self.META_KEYS.get(f.name, f.name), 0))
+
+    def to_dict(self) -> dict[str, int]:
+        """The counts."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, int]) -> Any:
+        """Inverse of `to_dict` (missing counts are 0)."""
+        return cls(**{f.name: d.get(f.name, 0) for f in fields(cls)})
+
+
+@dataclass
+class SpecInfo(_MetaInfoCounts):
     """Speculative-decoding counts summed over a sample's /generate answers (slime's Sample.SpecInfo)."""
+
+    META_KEYS: ClassVar[dict[str, str]] = {"completion_token_num": "completion_tokens"}
 
     spec_accept_token_num: int = 0
     spec_draft_token_num: int = 0
@@ -40,26 +64,12 @@ class SpecInfo:
         """Completion tokens per verification step (0 without steps)."""
         return self.completion_token_num / self.spec_verify_ct if self.spec_verify_ct else 0.0
 
-    def add(self, meta_info: dict[str, Any]) -> None:
-        """Add one answer's meta_info counts."""
-        self.spec_accept_token_num += meta_info.get("spec_accept_token_num", 0)
-        self.spec_draft_token_num += meta_info.get("spec_draft_token_num", 0)
-        self.spec_verify_ct += meta_info.get("spec_verify_ct", 0)
-        self.completion_token_num += meta_info.get("completion_tokens", 0)
-
-    def to_dict(self) -> dict[str, int]:
-        """The four counts."""
-        return dict(self.__dict__)
-
-    @staticmethod
-    def from_dict(d: dict[str, int]) -> SpecInfo:
-        """Inverse of `to_dict` (missing counts are 0)."""
-        return SpecInfo(**{f.name: d.get(f.name, 0) for f in fields(SpecInfo)})
-
 
 @dataclass
-class PrefixCacheInfo:
+class PrefixCacheInfo(_MetaInfoCounts):
     """Prompt tokens served from SGLang's prefix cache, summed over a sample's answers (slime's)."""
+
+    META_KEYS: ClassVar[dict[str, str]] = {"total_prompt_tokens": "prompt_tokens"}
 
     cached_tokens: int = 0
     total_prompt_tokens: int = 0
@@ -68,20 +78,6 @@ class PrefixCacheInfo:
     def prefix_cache_hit_rate(self) -> float:
         """Cached over prompt tokens (0 without prompt tokens)."""
         return self.cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens else 0.0
-
-    def add(self, meta_info: dict[str, Any]) -> None:
-        """Add one answer's meta_info counts."""
-        self.cached_tokens += meta_info.get("cached_tokens", 0)
-        self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
-
-    def to_dict(self) -> dict[str, int]:
-        """The two counts."""
-        return dict(self.__dict__)
-
-    @staticmethod
-    def from_dict(d: dict[str, int]) -> PrefixCacheInfo:
-        """Inverse of `to_dict` (missing counts are 0)."""
-        return PrefixCacheInfo(**{f.name: d.get(f.name, 0) for f in fields(PrefixCacheInfo)})
 
 
 @dataclass
