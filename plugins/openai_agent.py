@@ -12,7 +12,10 @@ runs `example_agent` (two turns with the real `openai` SDK). For your own agent 
         return await run_openai_agent(ctx, sample, sampling_params, my_agent)
 
 Each sample gets its own session of the rollout's endpoint (rollout.openai_endpoint); the sample's tokens, loss mask
-and log-probs are the ids the engines received and sampled in that session. The agent must not set them; the reward
+and log-probs are the ids the engines received and sampled in that session. An agent that changes its history (tool
+calls sent back as text, trimmed or summarised turns, side requests) branches the session: each branch with model
+tokens of its own comes back as one more sample of the group (the sample itself holds the final branch), counted as
+`rollout/openai_branches`, and every branch carries the run's reward. The agent must not set them; the reward
 function (`--custom-rm-path`, `--rm-type`) scores the sample afterwards, reading `sample.response` or what the agent
 put in `sample.metadata`. An agent that raises or runs past its timeout (`AGENT_TIMEOUT_S`, or `timeout=`) marks the
 sample `FAILED` with the reason in `metadata["agent_error"]`, counted as `rollout/openai_agent_failed` or
@@ -58,8 +61,10 @@ async def run_openai_agent(
     agent: Agent,
     *,
     timeout: float = AGENT_TIMEOUT_S,
-) -> Sample:
-    """Run `agent(base_url, api_key, sample)` against a fresh session and make the sample its trajectory."""
+) -> Sample | list[Sample]:
+    """Run `agent(base_url, api_key, sample)` against a fresh session and make the sample its trajectory: the
+    sample, or when the agent's history branched, the sample (its final branch) then one sample per other branch
+    (rollout/openai_session.py), each carrying the run's reward (--openai-branch-reward)."""
     if sample.response_length:
         # Handed back by an aborted rollout: the agent's own state is gone, so it runs again from the prompt.
         sample.tokens, sample.response, sample.response_length = [], "", 0
@@ -79,20 +84,25 @@ async def run_openai_agent(
                 ctx.count("openai_agent_failed")
         finally:
             await endpoint.close_session(session.id)
-    session.write_sample(sample)
+    pairs = session.samples(sample)
     if session.aborted:
         sample.status = Status.ABORTED  # comes back from the buffer and runs again
-    elif error is not None and not session.truncated:
+        return sample
+    if error is not None and not session.truncated:
         sample.status = Status.FAILED
         sample.metadata["agent_error"] = sample.metadata["generate_error"] = error
-    elif not session.turns:
+        return sample
+    if not session.turns:
         sample.status = Status.FAILED
         sample.metadata["agent_error"] = sample.metadata["generate_error"] = "the agent made no model call"
         ctx.count("openai_agent_failed")
-    else:
+        return sample
+    for branch, out in pairs:
         # An agent that hit the budget may give up with an error of the endpoint's: the sample is truncated.
-        sample.status = Status.TRUNCATED if session.truncated else Status.COMPLETED
-    return sample
+        out.status = Status.TRUNCATED if branch.truncated else Status.COMPLETED
+    if ctx.evaluation or len(pairs) == 1:
+        return sample  # an evaluation scores the agent's final state only
+    return [out for _, out in pairs]
 
 
 async def example_agent(base_url: str, api_key: str, sample: Sample) -> None:
@@ -111,6 +121,6 @@ async def example_agent(base_url: str, api_key: str, sample: Sample) -> None:
             messages.append({"role": "user", "content": follow_up})
 
 
-async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
     """--custom-generate-function-path entry point: `example_agent` on each sample."""
     return await run_openai_agent(ctx, sample, sampling_params, example_agent)

@@ -147,6 +147,19 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         help="repeatable; (args, sample, *, rollout_id=None, evaluation=False) -> Sample | None, plain or async, "
         "applied in order to each generated sample before it is scored",
     )
+    p.add_argument(
+        "--openai-strict-history",
+        action="store_true",
+        help="the agents' endpoint answers 400 to a call that does not extend its session's history, instead of "
+        "branching the session (rollout/openai_session.py)",
+    )
+    p.add_argument(
+        "--openai-branch-reward",
+        default="run",
+        choices=["run", "branch"],
+        help="an agent run whose history branched gives one sample per branch: each carries the run's reward (run), "
+        "or the reward function scores each branch (branch)",
+    )
     p.add_argument("--dynamic-sampling-filter-path", default=None, help="(args, group) -> bool | FilterResult")
     p.add_argument(
         "--loss-mask-type",

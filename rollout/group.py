@@ -32,9 +32,11 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
 
     A generate function may return several samples for one (they take its place in the group) and, where the
     loader says so (slime's contract: rollout/hooks.py), set rewards that are kept (except that --group-rm scores
-    the whole group).
+    the whole group). Under our contract the samples after the first are other branches of the same agent run:
+    they carry the first one's reward (--openai-branch-reward run, the default) or are scored each (branch).
     """
     failed_before = {id(s) for s in group if s.status == Status.FAILED}
+    branch_of: dict[int, int] = {}  # position in the group of an agent run's extra branch -> of the run's sample
     finished_before = {id(s) for s in group if s.status in FINISHED}
     if ctx.hooks.group_generate:
         # A group-level function sees the whole group, finished samples included, and continues what it must.
@@ -44,6 +46,9 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
         results = await asyncio.gather(*(ctx.hooks.generate_sample(ctx, s, params) for s in todo))
         generated = {id(s): out for s, out in zip(todo, results, strict=True)}
         group[:] = [x for s in group for x in generated.get(id(s), [s])]
+        if not ctx.hooks.keeps_generated_rewards and getattr(ctx.args, "openai_branch_reward", "run") == "run":
+            at = {id(x): i for i, x in enumerate(group)}
+            branch_of = {at[id(x)]: at[id(out[0])] for out in results for x in out[1:]}
     for sample in group:
         if sample.status == Status.PENDING:
             sample.status = Status.COMPLETED  # a custom function that set no status finished normally
@@ -54,5 +59,8 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
     if any(s.status == Status.ABORTED for s in group):
         return False
     keep_set = ctx.hooks.keeps_generated_rewards and not ctx.args.group_rm
-    await ctx.hooks.reward.score_group(ctx.args, group, ctx.count, keep_set=keep_set)
+    scored = [s for i, s in enumerate(group) if i not in branch_of]
+    await ctx.hooks.reward.score_group(ctx.args, scored, ctx.count, keep_set=keep_set)
+    for i, run in branch_of.items():
+        group[i].reward = group[run].reward
     return True

@@ -60,13 +60,18 @@ GroupsHook = Callable[[RolloutContext, list[list[Sample]]], None]
 
 
 def returns_sample(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[list[Sample]]]:
-    """Our generate contract, `async (ctx, sample, params) -> that Sample, updated`, as the rollout calls it:
-    `-> [sample]` (slime's may fan one sample out into several: rollout/slime_contract.generate_hook)."""
+    """Our generate contract, `async (ctx, sample, params) -> that Sample, updated` (or a list whose first is that
+    Sample, then samples of the same run: an agent's branches, plugins/openai_agent.py), as the rollout calls it:
+    `-> [sample, ...]` (slime's may fan one sample out into several: rollout/slime_contract.generate_hook)."""
 
     async def generate_sample(ctx: RolloutContext, sample: Sample, params: dict[str, Any]) -> list[Sample]:
-        if await fn(ctx, sample, params) is not sample:
-            raise TypeError(f"{GENERATE_FLAG} must return the Sample it was given, updated")
-        return [sample]
+        out = await fn(ctx, sample, params)
+        samples = out if isinstance(out, list) else [out]
+        if not samples or samples[0] is not sample or not all(isinstance(s, Sample) for s in samples):
+            raise TypeError(
+                f"{GENERATE_FLAG} must return the Sample it was given, updated (or a list of Samples starting with it)"
+            )
+        return samples
 
     generate_sample.__name__ = getattr(fn, "__name__", "generate")
     return generate_sample

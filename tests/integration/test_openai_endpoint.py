@@ -206,17 +206,26 @@ def test_sdk_client_auth_and_ended_sessions(tiny_qwen3: Path, sglang_server: SGL
                     assert reply.choices[0].finish_reason in ("stop", "length")
                     with pytest.raises(openai.AuthenticationError):
                         openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+                    # Another conversation on the same session: served on a branch of its own.
+                    other = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                    assert other.usage.prompt_tokens < reply.usage.prompt_tokens
+                    session.strict = True  # --openai-strict-history: a changed history is refused
                     with pytest.raises(openai.BadRequestError, match="do not extend"):
-                        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "other"}])
+                        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}])
 
                 await asyncio.to_thread(sdk_calls)
-                assert len(session.turns) == 1 and session.tokens[: session.prompt_length] == session.turns[0].input_ids
+                assert len(session.turns) == 2 and len(session.branches) == 2
+                first = session.branches[0]
+                assert first.tokens[: first.prompt_length] == first.turns[0].input_ids
                 await endpoint.close_session(session.id)
                 with pytest.raises(openai.NotFoundError, match="ended session"):
                     await openai.AsyncOpenAI(base_url=url, api_key=endpoint.api_key, max_retries=0).models.list()
             finally:
                 await endpoint.stop()
             assert ctx.counters["openai_unauthorized"] == 1 and ctx.counters["openai_history_mismatch"] == 1
+            assert ctx.counters["openai_branches"] == 1 and ctx.counters["openai_reprefill_tokens"] == len(
+                session.branches[1].turns[0].input_ids
+            )
             # The shipped example agent (the SDK, two turns when the first one ends before the budget).
             sample = Sample(index=1, prompt=[{"role": "user", "content": "What is 6 times 7?"}])
             await openai_agent.generate(ctx, sample, {"max_new_tokens": 120, "temperature": 1.0})
@@ -276,15 +285,16 @@ def test_tool_calls_streaming_and_completions_stay_token_exact(
                 await asyncio.to_thread(sdk_calls, endpoint.base_url(chat), endpoint.base_url(text), endpoint.api_key)
             finally:
                 await endpoint.stop()
-            first, second = chat.turns
-            assert chat.tokens[: len(second.input_ids)] == second.input_ids
+            (branch,) = chat.branches  # the agent replayed the history as it got it: no branch
+            first, second = branch.turns
+            assert branch.tokens[: len(second.input_ids)] == second.input_ids
             assert (
                 second.input_ids[: len(first.input_ids) + len(first.output_ids)] == first.input_ids + first.output_ids
             )
             inserted = second.input_ids[len(first.input_ids) + len(first.output_ids) :]
             assert tokenizer.decode(inserted).startswith("\n<|im_start|>user\n<tool_response>\n")
-            assert chat.drift == 0  # the template shows the call exactly as it was sampled
-            assert chat.tokens == second.input_ids + second.output_ids and ctx.counters["openai_tool_calls"] == 1
+            assert branch.drift == 0  # the template shows the call exactly as it was sampled
+            assert branch.tokens == second.input_ids + second.output_ids and ctx.counters["openai_tool_calls"] == 1
             # Without --sglang-tool-call-parser, tools are refused with the flag to add.
             bare = await OpenAIEndpoint(
                 RolloutContext(parse_args(flags), tokenizer, "", http, asyncio.Semaphore(1))
@@ -354,7 +364,8 @@ def test_in_process_calls_answer_as_over_http(tiny_qwen3: Path, sglang_server: S
                 assert text == tokenizer.decode(
                     turn.output_ids[:-1] if turn.finish_reason == "stop" else turn.output_ids
                 )
-                assert session.tokens == turn.input_ids + turn.output_ids
+                assert session.last.tokens == turn.input_ids + turn.output_ids
+                session.strict = True  # --openai-strict-history
                 with pytest.raises(openai.BadRequestError, match="do not extend"):
                     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "other"}])
                 with pytest.raises(openai.AuthenticationError):

@@ -1,8 +1,8 @@
-"""How the endpoint closes a sampled turn before the next one (rollout.openai_endpoint.bridge_text)."""
+"""How the endpoint closes a sampled turn before the next one (rollout.openai_session.bridge_text)."""
 
 from __future__ import annotations
 
-from rollout.openai_endpoint import bridge_text
+from rollout.openai_session import bridge_text
 
 END = "<|im_end|>\n"
 PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 from slime.agent.adapters.common import BaseAdapter, flatten_content
 
-from rollout.openai_endpoint import EndpointError
+from rollout.openai_session import EndpointError
 
 logger = logging.getLogger(__name__)
 

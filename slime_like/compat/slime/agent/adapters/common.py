@@ -6,8 +6,9 @@ app with the sid as its API key (`Authorization: Bearer <sid>`, or `metadata.ses
 rollout/openai_endpoint.py, on the rollout's event loop (the app may run in its own thread, `run_app_in_thread`):
 rendered once, generated through the router, recorded token in, token out.
 
-Forks: a session is a list of branches. A call whose messages continue a branch's last turn extends it; one that
-continues an earlier turn (the agent went back and tried again: two continuations of one history) forks a new
+Forks: a session is a conversation of branches (rollout/openai_session.py). A call whose messages continue a
+branch's last turn extends it; one that continues an earlier turn, or changes the history (the agent went back and
+tried again, re-serialised or trimmed its turns) forks a new
 branch from that turn; one that continues nothing starts a fresh branch. `finish_session` gives one sample per
 branch that has model tokens of its own; a turn shared by several branches trains once, in the first (the others
 keep it as context, loss mask 0), as in slime's trajectory manager.
@@ -32,7 +33,8 @@ from aiohttp import web
 from slime.utils.types import Sample, Status
 
 from rollout.context import current_context
-from rollout.openai_endpoint import ChatSession, EndpointError, OpenAIEndpoint, Turn, _error
+from rollout.openai_endpoint import OpenAIEndpoint, _error
+from rollout.openai_session import Conversation, EndpointError
 
 _STATE_KEY = "slime_agent_endpoint"  # the rollout's (unserved) endpoint whose sessions the adapters use
 
@@ -43,11 +45,8 @@ class Session:
 
     endpoint: OpenAIEndpoint
     loop: asyncio.AbstractEventLoop
-    sample: Sample
-    sampling_defaults: dict[str, Any]
+    conversation: Conversation  # the branches its calls made (rollout/openai_session.py)
     max_context_tokens: int = 0
-    branches: list[ChatSession] = dataclasses.field(default_factory=list)
-    tool_turns: list[Turn] = dataclasses.field(default_factory=list)  # turns answered with a tool call
     inflight: set[asyncio.Task[Any]] = dataclasses.field(default_factory=set)  # turns running on `loop`
 
 
@@ -152,11 +151,13 @@ class BaseAdapter:
         endpoint = ctx.plugin_state.get(_STATE_KEY)
         if endpoint is None:
             endpoint = ctx.plugin_state[_STATE_KEY] = OpenAIEndpoint(ctx)  # sessions only: the adapter serves
-        defaults = dict(sampling_defaults or {})
-        defaults.setdefault("max_new_tokens", 4096)
-        self.store[sid] = Session(
-            endpoint, asyncio.get_running_loop(), Sample(index=None), defaults, max_context_tokens
-        )
+        params = dict(sampling_defaults or {})
+        params.setdefault("max_new_tokens", 4096)
+        if max_context_tokens:
+            params["max_new_tokens"] = min(int(params["max_new_tokens"]), max_context_tokens)
+        conversation = endpoint.open_session(Sample(index=None), params)
+        conversation.strict = False  # slime forks every history it is sent
+        self.store[sid] = Session(endpoint, asyncio.get_running_loop(), conversation, max_context_tokens)
 
     async def shutdown_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
         """Refuse the sid's further calls and wait (then cancel) the turns it has in flight."""
@@ -183,14 +184,11 @@ class BaseAdapter:
         session = self.store.pop(sid, None)
         if session is None:
             return []
+        await session.endpoint.close_session(session.conversation.id)
         samples = []
-        for branch in session.branches:
-            await session.endpoint.close_session(branch.id)
+        for branch, sample in session.conversation.samples(copy.deepcopy(base_sample)):
             if not any(branch.loss_mask[branch.inherited :]):
                 continue  # no turn of its own: every model token trains in the branch it forked from
-            sample = copy.deepcopy(base_sample)
-            branch.write_sample(sample)
-            sample.loss_mask = [0] * branch.inherited + sample.loss_mask[branch.inherited :]
             limit = session.max_context_tokens
             if limit and len(sample.tokens) > limit:
                 cut = limit - sample.prompt_length
@@ -203,7 +201,7 @@ class BaseAdapter:
             sample.status = Status.ABORTED if branch.aborted else spent
             sample.rollout_id = base_sample.rollout_id if base_sample.rollout_id is not None else base_sample.index
             sample.session_id, sample.reward = sid, reward
-            use_tool = any(t is u for t in branch.turns for u in session.tool_turns)  # forks share Turn objects
+            use_tool = any(t.tool_calls for t in branch.turns)
             sample.metadata = {**sample.metadata, **(extra_metadata or {}), "truncated": truncated}
             sample.metadata.update(use_tool=use_tool, ill_formed=False)
             samples.append(sample)
@@ -214,8 +212,7 @@ class BaseAdapter:
         await self.shutdown_session(sid, wait_timeout=wait_timeout)
         session = self.store.pop(sid, None)
         if session is not None:
-            for branch in session.branches:
-                await session.endpoint.close_session(branch.id)
+            await session.endpoint.close_session(session.conversation.id)
 
     # --- one turn -------------------------------------------------------------------------------------------
 
@@ -250,20 +247,11 @@ class BaseAdapter:
             session.inflight.discard(task)
 
     async def _turn_on_loop(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        endpoint = session.endpoint
-        if session.max_context_tokens:
-            params = dict(session.sampling_defaults)
-            params["max_new_tokens"] = min(int(params["max_new_tokens"]), session.max_context_tokens)
-        else:
-            params = session.sampling_defaults
-        branch = endpoint.branch_for(session.branches, endpoint.chat_prompt(body))
-        if branch is None:
-            branch = endpoint.open_session(session.sample, params)
-            session.branches.append(branch)
-        answer = await endpoint.complete(branch, body)
-        if answer["choices"][0]["finish_reason"] == "tool_calls":
-            session.tool_turns.append(branch.turns[-1])
+        conversation = session.conversation
+        answer = await session.endpoint.complete(conversation, body)
         if self.debug_callback is not None:
+            branch = conversation.last
+            assert branch is not None  # the call just ran on it
             try:
                 self.debug_callback(branch.id, body.get("messages"), body.get("tools"), answer, branch.turns[-1])
             except Exception:

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from slime.agent.adapters.common import BaseAdapter
 
-from rollout.openai_endpoint import _stream
+from rollout.openai_chat import events
 
 logger = logging.getLogger(__name__)
 
@@ -43,4 +43,9 @@ async def _respond(request: web.Request, body: dict[str, Any], answer: dict[str,
     stream = body.get("stream") is True or "text/event-stream" in request.headers.get("Accept", "")
     if not stream:
         return web.json_response(answer)
-    return await _stream(request, answer, include_usage=True)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for event in events({"stream_options": {"include_usage": True}}, answer):
+        await response.write(event)
+    await response.write_eof()
+    return response

@@ -1,0 +1,211 @@
+"""OpenAI's Chat Completions and Completions on the agents' endpoint (rollout/openai_endpoint.py).
+
+`/v1/chat/completions`: the messages are rendered with the chat template (tools included) and generated on the
+branch of the session they continue; `tools` are parsed from the model's output into `tool_calls` by SGLang's parser
+named by `--sglang-tool-call-parser` (the servers' own flag); the sampled ids stay what trains. `/v1/completions`
+continues text the same way (each prompt is the text so far). `stream: true` answers in server-sent events once the
+turn is generated (one content chunk, then the finish reason). Message `content` may be a string or a list of text
+parts (joined with newlines, as slime's adapters do); image and file parts are refused (400). Not yet: `n > 1`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from rollout.arguments import server_arg
+from rollout.openai_session import Conversation, EndpointError, render
+
+
+def chat_prompt(tokenizer: Any, body: dict[str, Any]) -> str:
+    """The chat template's text a chat request asks to continue (messages, tools, generation prompt)."""
+    return render(tokenizer, plain_messages(_messages(body)), True, body.get("tools") or None)
+
+
+async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
+    """Generate one assistant turn on the branch the messages continue: the answer in Chat Completions' format."""
+    messages = plain_messages(_messages(body))
+    tools = body.get("tools") or None
+    parser = tool_parser(endpoint.ctx.args, tools, body.get("tool_choice"))
+    forced = tool_constraint(parser, body.get("tool_choice")) if parser is not None else {}
+    tokenizer = endpoint.ctx.tokenizer
+    prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
+    branch = endpoint.branch_for(conv, prompt_text)
+    async with branch.lock:  # taken at once: the route chose a branch with no turn in flight
+        input_ids, out = await endpoint.generate(branch, prompt_text, body, forced)
+        ids, output_text, reason = endpoint.record(branch, input_ids, out)
+        content = _content(tokenizer, ids, output_text, reason)
+        reply: dict[str, Any] = {"role": "assistant", "content": content}
+        finish = "length" if reason.get("type") == "length" else "stop"
+        if parser is not None and parser.has_tool_call(content):
+            text, calls = parser.parse_non_stream(content)
+            if calls:
+                reply["content"] = text or None
+                reply["tool_calls"] = [_tool_call(call) for call in calls]
+                finish = "tool_calls"
+                branch.turns[-1].tool_calls = len(calls)
+                endpoint.ctx.count("openai_tool_calls", len(calls))
+        shown = render(tokenizer, [*messages, {**reply, "content": reply["content"] or ""}], False, tools)
+        endpoint.close_turn(branch, prompt_text, shown, output_text)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or endpoint.model_name(),
+        "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
+        "usage": usage(input_ids, ids),
+    }
+
+
+async def complete_text(endpoint: Any, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
+    """Continue the session's text (`prompt` is the text so far): the answer in Completions' format."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise EndpointError(400, "`prompt` must be one non-empty string (token-id prompts: use /generate)")
+    if body.get("echo") or body.get("suffix") or body.get("best_of", 1) != 1:
+        raise EndpointError(400, "`echo`, `suffix` and `best_of` are not supported by this endpoint")
+    branch = endpoint.branch_for(conv, prompt)
+    async with branch.lock:
+        input_ids, out = await endpoint.generate(branch, prompt, body)
+        ids, output_text, reason = endpoint.record(branch, input_ids, out)
+        branch.rendered, branch.bridge = prompt + output_text, ""
+        branch.mark()
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": body.get("model") or endpoint.model_name(),
+        "choices": [
+            {
+                "index": 0,
+                "text": _content(endpoint.ctx.tokenizer, ids, output_text, reason),
+                "finish_reason": "length" if reason.get("type") == "length" else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(input_ids, ids),
+    }
+
+
+def tool_parser(args: Any, tools: Any, tool_choice: Any) -> Any:
+    """SGLang's parser of the model's tool-call format for these tools (None: no tools, or tool_choice none)."""
+    if not tools or tool_choice == "none":
+        return None
+    name = server_arg(args, "--tool-call-parser")
+    if name is None:
+        raise EndpointError(
+            400, "`tools` need the model's tool-call format: start the run with --sglang-tool-call-parser NAME"
+        )
+    from sglang.srt.entrypoints.openai.protocol import Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    try:
+        return FunctionCallParser([Tool(**t) for t in tools], name)
+    except (TypeError, ValueError) as exc:
+        raise EndpointError(400, f"`tools` or --sglang-tool-call-parser {name!r}: {exc}") from exc
+
+
+def tool_constraint(parser: Any, tool_choice: Any) -> dict[str, str]:
+    """The grammar SGLang's parser gives for tool_choice "required" or a named function (none for auto)."""
+    if tool_choice in (None, "auto", "none"):
+        return {}
+    from sglang.srt.entrypoints.openai.protocol import ToolChoice
+
+    try:
+        choice = tool_choice if tool_choice == "required" else ToolChoice(**tool_choice)
+        constraint = parser.get_structure_constraint(choice)
+    except (TypeError, ValueError) as exc:
+        raise EndpointError(400, f"`tool_choice` {tool_choice!r}: {exc}") from exc
+    if constraint is None:
+        raise EndpointError(400, f"`tool_choice` {tool_choice!r}: this tool-call parser cannot force a call")
+    kind, value = constraint
+    value = value.model_dump(by_alias=True) if hasattr(value, "model_dump") else value
+    return {kind: value if isinstance(value, str) else json.dumps(value)}
+
+
+def _messages(body: dict[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise EndpointError(400, "`messages` must be a non-empty list")
+    return messages
+
+
+def plain_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages with string content, as chat templates concatenate it: a list of text parts is joined with
+    newlines (as slime's adapters do), a missing content is empty; other parts (images, files) are refused."""
+    plain = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise EndpointError(400, "each message must be a JSON object")
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            kinds = {p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content} - {"text"}
+            if kinds:
+                raise EndpointError(400, f"content parts {sorted(map(str, kinds))} are not supported: text only")
+            content = "\n".join(p.get("text") or "" for p in content)
+        plain.append({**m, "content": content})
+    return plain
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """One parsed call (SGLang's ToolCallItem) in OpenAI's format."""
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": call.name, "arguments": call.parameters}}  # fmt: skip
+
+
+def usage(input_ids: list[int], ids: list[int]) -> dict[str, int]:
+    """OpenAI's token counts of one turn."""
+    return {"prompt_tokens": len(input_ids), "completion_tokens": len(ids), "total_tokens": len(input_ids) + len(ids)}
+
+
+def events(body: dict[str, Any], answer: dict[str, Any]) -> list[bytes]:
+    """The finished answer as OpenAI's server-sent events: a chunk with the content (or tool calls), one with the
+    finish reason, the usage when asked, then [DONE]. The turn is generated before the first chunk is sent."""
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    chat = answer["object"] == "chat.completion"
+    head = {"id": answer["id"], "object": "chat.completion.chunk" if chat else "text_completion", "created": answer["created"], "model": answer["model"]}  # fmt: skip
+    choice = answer["choices"][0]
+    if chat:
+        message = choice["message"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+        if "tool_calls" in message:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        chunks = [{"index": 0, "delta": delta, "finish_reason": None}, {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]  # fmt: skip
+    else:
+        chunks = [{"index": 0, "text": choice["text"], "finish_reason": None}, {"index": 0, "text": "", "finish_reason": choice["finish_reason"]}]  # fmt: skip
+    out = [{**head, "choices": [c]} for c in chunks]
+    if include_usage:
+        out.append({**head, "choices": [], "usage": answer["usage"]})
+    return [f"data: {json.dumps(event)}\n\n".encode() for event in out] + [b"data: [DONE]\n\n"]
+
+
+def _content(tokenizer: Any, ids: list[int], output_text: str, reason: dict[str, Any]) -> str:
+    """The reply's text as OpenAI shows it: without the EOS token or stop string that ended it."""
+    matched = reason.get("matched")
+    if reason.get("type") != "stop" or not ids:
+        return output_text
+    if isinstance(matched, int) or (matched is None and ids[-1] == tokenizer.eos_token_id):
+        return tokenizer.decode(ids[:-1], skip_special_tokens=False)
+    if isinstance(matched, str) and matched in output_text:
+        return output_text[: output_text.rfind(matched)]
+    return output_text
+
+
+def sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
+    """SGLang sampling parameters a request sets (the rollout's apply otherwise)."""
+    params: dict[str, Any] = {}
+    pairs = [("temperature", "temperature"), ("top_p", "top_p"), ("sampling_seed", "seed")]
+    pairs += [(k, k) for k in ("top_k", "min_p", "regex", "ebnf", "ignore_eos")]  # SGLang's own, as extra_body
+    for ours, theirs in pairs:
+        if body.get(theirs) is not None:
+            params[ours] = body[theirs]
+    response_format = body.get("response_format") or {}
+    if response_format.get("type") == "json_schema":
+        params["json_schema"] = json.dumps(response_format["json_schema"].get("schema", {}))
+    stop = body.get("stop")
+    if stop:
+        params["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    return params
