@@ -96,7 +96,7 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
-def _group_has_live_members(pgid: int) -> bool:
+def group_has_live_members(pgid: int) -> bool:
     """Whether any non-zombie process is in group `pgid` (reparented orphans stay zombies until init reaps them)."""
     try:
         os.killpg(pgid, 0)
@@ -282,7 +282,7 @@ class ManagedProcess:
         rc = self._popen.wait()
         # SIGKILL is asynchronous: return once the group is empty (bounded), so its ports and memory are free.
         gone_by = time.monotonic() + 2.0
-        while _group_has_live_members(self._popen.pid) and time.monotonic() < gone_by:
+        while group_has_live_members(self._popen.pid) and time.monotonic() < gone_by:
             time.sleep(0.02)
         with _LIVE_LOCK:
             _LIVE.discard(self)
