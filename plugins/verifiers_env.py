@@ -28,11 +28,13 @@ import asyncio
 import collections
 import json
 import os
+import signal
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
+from plugins.agent_command import signal_group
 from plugins.openai_agent import AGENT_TIMEOUT_S, prompt_messages, run_openai_agent
 from rollout.context import RolloutContext
 from slime_like.core.sample import Sample
@@ -59,9 +61,12 @@ class VerifiersWorker:
         self.name = env_id
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         cmd = [python, "-m", "plugins.verifiers_worker", env_id, "--env-args", json.dumps(env_args)]
+        # Its own session (as an agent command's): a Ctrl-C in the terminal reaches the run, which closes the
+        # worker's stdin, and close() reaches whatever the environment started.
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+            cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
         self.tail: collections.deque[str] = collections.deque(maxlen=30)  # its last stderr lines, for errors
         self.pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self.lock = threading.Lock()
@@ -103,10 +108,9 @@ class VerifiersWorker:
                 self.pending.pop(request_id, None)  # answered, or given up (a timeout): a late answer is dropped
 
     def close(self) -> None:
-        """Stop the process (it also stops when our stdin closes)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """Stop the process and what it started, its process group (it also stops when our stdin closes)."""
+        signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def _read_stderr(self) -> None:
         for line in self.proc.stderr:  # type: ignore[union-attr]
