@@ -30,13 +30,13 @@ def agent_args(
 
 def recorded_rollout(args: Any, server_url: str) -> tuple[list[list[Sample]], dict[str, Any], list[dict[str, Any]]]:
     """Rollout 0 of `args` on the server at `server_url` (also its router); the groups, the metrics and each
-    /generate sent as {"rid", "input_ids", "out"}."""
+    /generate sent as {"rid", "input_ids", "out", "sampling_params"}."""
     sent: list[dict[str, Any]] = []
     original = rollout.generate.post_generate
 
     async def recording(ctx: Any, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
         out = await original(ctx, payload, retries)
-        sent.append({"rid": payload["rid"], "input_ids": list(payload["input_ids"]), "out": out})
+        sent.append({"rid": payload["rid"], "input_ids": list(payload["input_ids"]), "out": out, "sampling_params": payload.get("sampling_params", {})})  # fmt: skip
         return out
 
     rollout.generate.post_generate = recording  # type: ignore[assignment]
