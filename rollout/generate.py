@@ -73,9 +73,12 @@ def with_adapter(args: Any, payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "lora_path": client.LORA_ADAPTER_NAME}
 
 
-async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
+async def post_generate(
+    ctx: RolloutContext, payload: dict[str, Any], retries: int | None = None, on_ids: client.OnIds | None = None
+) -> dict[str, Any]:
     """POST /generate with retries on connection errors and 5xx answers; each attempt has its own rid; a LoRA run's
-    requests name its adapter (with_adapter).
+    requests name its adapter (with_adapter). With `on_ids` the answer is streamed and `on_ids` awaited with the
+    new ids as they come; an attempt that failed after handing some on is not retried (they cannot be taken back).
 
     Raises AbortedBeforeSending when the rollout is aborting, EngineError when every attempt failed.
     """
@@ -86,6 +89,15 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
         retries = 12 if getattr(ctx.args, "use_fault_tolerance", False) else 3
     delay = 0.5
     base_rid = payload.get("rid") or uuid.uuid4().hex
+    handed = 0
+
+    async def hand_on(ids: list[int]) -> None:
+        nonlocal handed
+        handed += len(ids)
+        await on_ids(ids)  # type: ignore[misc]  # only passed on when given
+
+    if on_ids is not None:
+        payload = {**payload, "stream": True}
     for attempt in range(retries + 1):
         rid = f"{base_rid}-{attempt}"
         async with ctx.semaphore:
@@ -95,7 +107,9 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
             ctx.inflight.add(rid)
             url = _target(ctx, payload)  # per attempt: a restarted router may have moved, an engine be down
             try:
-                return await client.generate_async(ctx.session, url, {**payload, "rid": rid})
+                return await client.generate_async(
+                    ctx.session, url, {**payload, "rid": rid}, hand_on if on_ids is not None else None
+                )
             except client.GenerateRefused:  # the request itself is wrong: retrying cannot help
                 raise
             except EngineError as exc:
@@ -106,6 +120,8 @@ async def post_generate(ctx: RolloutContext, payload: dict[str, Any], retries: i
                 ctx.inflight.discard(rid)
         # The failed attempt may still be generating on a server: stop it before retrying under a new rid.
         await abort_rid(ctx, rid)
+        if handed:
+            raise EngineError(f"{error} (after {handed} streamed tokens were handed on: not retried)")
         if attempt < retries and not ctx.aborting:
             ctx.count("generate_retries")
             logger.warning("%s; retry %d/%d in %.1fs", error, attempt + 1, retries, delay)

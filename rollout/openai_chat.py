@@ -3,9 +3,13 @@
 `/v1/chat/completions`: the messages are rendered with the chat template (tools included) and generated on the
 branch of the session they continue; `tools` are parsed from the model's output into `tool_calls` by SGLang's parser
 named by `--sglang-tool-call-parser` (the servers' own flag); the sampled ids stay what trains. `/v1/completions`
-continues text the same way (each prompt is the text so far). `stream: true` answers in server-sent events once the
-turn is generated (one content chunk, then the finish reason). Message `content` may be a string or a list of text
+continues text the same way (each prompt is the text so far). Message `content` may be a string or a list of text
 parts (joined with newlines, as slime's adapters do); image and file parts are refused (400). Not yet: `n > 1`.
+
+Streaming (`stream: true`, every dialect): SGLang streams the turn and its text goes out as it comes (`TextFeed`),
+held back only where it may still turn out to be the EOS token, a stop string or the start of a tool call; tool calls
+are sent whole when the turn ends. A dialect's stream is any object with `async text(delta)` and `async
+finish(answer)` (answer: the Chat Completions answer), made by its `make_stream(body, emit, model)`.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollout.arguments import server_arg
 from rollout.openai_session import Conversation, EndpointError, render
+
+Emit = Callable[[bytes], Awaitable[None]]
 
 
 def chat_prompt(tokenizer: Any, body: dict[str, Any]) -> str:
@@ -24,17 +31,19 @@ def chat_prompt(tokenizer: Any, body: dict[str, Any]) -> str:
     return render(tokenizer, plain_messages(_messages(body)), True, body.get("tools") or None)
 
 
-async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
-    """Generate one assistant turn on the branch the messages continue: the answer in Chat Completions' format."""
+async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any], stream: Any = None) -> dict[str, Any]:
+    """Generate one assistant turn on the branch the messages continue: the answer in Chat Completions' format (its
+    text sent to `stream` as it is generated, if given)."""
     messages = plain_messages(_messages(body))
     tools = body.get("tools") or None
     parser = tool_parser(endpoint.ctx.args, tools, body.get("tool_choice"))
     forced = tool_constraint(parser, body.get("tool_choice")) if parser is not None else {}
     tokenizer = endpoint.ctx.tokenizer
     prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
+    feed = TextFeed(tokenizer, stream, body, parser) if stream is not None else None
     branch = endpoint.branch_for(conv, prompt_text)
     async with branch.lock:  # taken at once: the route chose a branch with no turn in flight
-        input_ids, out = await endpoint.generate(branch, prompt_text, body, forced)
+        input_ids, out = await endpoint.generate(branch, prompt_text, body, forced, feed.add if feed else None)
         ids, output_text, reason = endpoint.record(branch, input_ids, out)
         content = _content(tokenizer, ids, output_text, reason)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
@@ -49,7 +58,7 @@ async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any])
                 endpoint.ctx.count("openai_tool_calls", len(calls))
         shown = render(tokenizer, [*messages, {**reply, "content": reply["content"] or ""}], False, tools)
         endpoint.close_turn(branch, prompt_text, shown, output_text)
-    return {
+    answer = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -57,10 +66,14 @@ async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any])
         "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
         "usage": usage(input_ids, ids),
     }
+    if feed is not None:
+        await feed.finish(reply["content"] or "", answer)
+    return answer
 
 
-async def complete_text(endpoint: Any, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
-    """Continue the session's text (`prompt` is the text so far): the answer in Completions' format."""
+async def complete_text(endpoint: Any, conv: Conversation, body: dict[str, Any], stream: Any = None) -> dict[str, Any]:
+    """Continue the session's text (`prompt` is the text so far): the answer in Completions' format (its text sent
+    to `stream` as it is generated, if given)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -68,13 +81,15 @@ async def complete_text(endpoint: Any, conv: Conversation, body: dict[str, Any])
         raise EndpointError(400, "`prompt` must be one non-empty string (token-id prompts: use /generate)")
     if body.get("echo") or body.get("suffix") or body.get("best_of", 1) != 1:
         raise EndpointError(400, "`echo`, `suffix` and `best_of` are not supported by this endpoint")
+    feed = TextFeed(endpoint.ctx.tokenizer, stream, body, None) if stream is not None else None
     branch = endpoint.branch_for(conv, prompt)
     async with branch.lock:
-        input_ids, out = await endpoint.generate(branch, prompt, body)
+        input_ids, out = await endpoint.generate(branch, prompt, body, None, feed.add if feed else None)
         ids, output_text, reason = endpoint.record(branch, input_ids, out)
         branch.rendered, branch.bridge = prompt + output_text, ""
         branch.mark()
-    return {
+    text = _content(endpoint.ctx.tokenizer, ids, output_text, reason)
+    answer = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
@@ -82,13 +97,16 @@ async def complete_text(endpoint: Any, conv: Conversation, body: dict[str, Any])
         "choices": [
             {
                 "index": 0,
-                "text": _content(endpoint.ctx.tokenizer, ids, output_text, reason),
+                "text": text,
                 "finish_reason": "length" if reason.get("type") == "length" else "stop",
                 "logprobs": None,
             }
         ],
         "usage": usage(input_ids, ids),
     }
+    if feed is not None:
+        await feed.finish(text, answer)
+    return answer
 
 
 def tool_parser(args: Any, tools: Any, tool_choice: Any) -> Any:
@@ -161,25 +179,83 @@ def usage(input_ids: list[int], ids: list[int]) -> dict[str, int]:
     return {"prompt_tokens": len(input_ids), "completion_tokens": len(ids), "total_tokens": len(input_ids) + len(ids)}
 
 
-def events(body: dict[str, Any], answer: dict[str, Any]) -> list[bytes]:
-    """The finished answer as OpenAI's server-sent events: a chunk with the content (or tool calls), one with the
-    finish reason, the usage when asked, then [DONE]. The turn is generated before the first chunk is sent."""
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    chat = answer["object"] == "chat.completion"
-    head = {"id": answer["id"], "object": "chat.completion.chunk" if chat else "text_completion", "created": answer["created"], "model": answer["model"]}  # fmt: skip
-    choice = answer["choices"][0]
-    if chat:
-        message = choice["message"]
-        delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
-        if "tool_calls" in message:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        chunks = [{"index": 0, "delta": delta, "finish_reason": None}, {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]  # fmt: skip
-    else:
-        chunks = [{"index": 0, "text": choice["text"], "finish_reason": None}, {"index": 0, "text": "", "finish_reason": choice["finish_reason"]}]  # fmt: skip
-    out = [{**head, "choices": [c]} for c in chunks]
-    if include_usage:
-        out.append({**head, "choices": [], "usage": answer["usage"]})
-    return [f"data: {json.dumps(event)}\n\n".encode() for event in out] + [b"data: [DONE]\n\n"]
+class TextFeed:
+    """A turn's sampled ids as they come -> its text, sent to a stream as soon as it is surely part of the reply."""
+
+    def __init__(self, tokenizer: Any, stream: Any, body: dict[str, Any], parser: Any) -> None:
+        self.tokenizer, self.stream, self.ids, self.sent = tokenizer, stream, [], ""
+        stop = body.get("stop") or []
+        # Text that may still become a stop string or the start of a tool call is held back until it cannot.
+        self.marker = getattr(getattr(parser, "detector", None), "bot_token", "") if parser is not None else ""
+        self.hold = max([len(t) for t in ([stop] if isinstance(stop, str) else stop)] + [len(self.marker), 0])
+
+    async def add(self, ids: list[int]) -> None:
+        """New sampled ids: send the text that is now safe to show."""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids[:-1], skip_special_tokens=False)  # the last id may be the EOS
+        if self.marker and self.marker in text:
+            text = text[: text.index(self.marker)]
+        text = text.rstrip("\ufffd")  # an unfinished multi-byte character
+        text = text[: max(len(self.sent), len(text) - self.hold)]
+        if len(text) > len(self.sent) and text.startswith(self.sent):
+            delta, self.sent = text[len(self.sent) :], text
+            await self.stream.text(delta)
+
+    async def finish(self, content: str, answer: dict[str, Any]) -> None:
+        """The turn is over: send the rest of its shown text (`content`), then the stream's closing events."""
+        if content.startswith(self.sent) and len(content) > len(self.sent):
+            await self.stream.text(content[len(self.sent) :])
+            self.sent = content
+        await self.stream.finish(answer)
+
+
+def make_stream(body: dict[str, Any], emit: Emit, model: str) -> ChatStream:
+    """The Chat Completions / Completions stream of a call that asked for one."""
+    return ChatStream(body, emit)
+
+
+class ChatStream:
+    """OpenAI's server-sent events for a chat or text completion: the role and each text delta as they come, then
+    the tool calls, the finish reason, the usage when asked (`stream_options.include_usage`), and [DONE]."""
+
+    def __init__(self, body: dict[str, Any], emit: Emit) -> None:
+        self.emit, self.chat = emit, "messages" in body
+        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.head: dict[str, Any] = {
+            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or "",
+        }
+        self.started = False
+
+    async def _send(self, choice: dict[str, Any] | None, **extra: Any) -> None:
+        event = {**self.head, "choices": [] if choice is None else [{"index": 0, **choice}], **extra}
+        await self.emit(f"data: {json.dumps(event)}\n\n".encode())
+
+    async def text(self, delta: str) -> None:
+        """A piece of the reply's text."""
+        if not self.chat:
+            await self._send({"text": delta, "finish_reason": None})
+            return
+        await self._send({"delta": {"content": delta} if self.started else {"role": "assistant", "content": delta}, "finish_reason": None})  # fmt: skip
+        self.started = True
+
+    async def finish(self, answer: dict[str, Any]) -> None:
+        """The turn's end: tool calls, finish reason, usage, [DONE]."""
+        self.head["model"] = self.head["model"] or answer["model"]
+        choice = answer["choices"][0]
+        calls = choice.get("message", {}).get("tool_calls")
+        if self.chat and (calls or not self.started):
+            delta: dict[str, Any] = {} if self.started else {"role": "assistant", "content": None}
+            if calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+            await self._send({"delta": delta, "finish_reason": None})
+        end = {"delta": {}} if self.chat else {"text": ""}
+        await self._send({**end, "finish_reason": choice["finish_reason"]})
+        if self.include_usage:
+            await self._send(None, usage=answer["usage"])
+        await self.emit(b"data: [DONE]\n\n")
 
 
 def _content(tokenizer: Any, ids: list[int], output_text: str, reason: dict[str, Any]) -> str:

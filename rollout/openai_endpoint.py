@@ -21,7 +21,7 @@ import logging
 import secrets
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -33,6 +33,7 @@ from rollout import generate as gen
 from rollout import openai_chat as chat
 from rollout.context import RolloutContext
 from rollout.openai_session import ChatSession, Conversation, EndpointError, Turn, bridge_text, turn_end_text
+from rollout.sglang_client import OnIds
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample
 from slime_like.core.secret import api_key
@@ -42,11 +43,13 @@ logger = logging.getLogger(__name__)
 _STATE_KEY = "openai_endpoint"  # where a rollout's shared endpoint lives in ctx.plugin_state
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+Emit = Callable[[bytes], Awaitable[None]]
 
-# POST route under /s/<session>/v1/ -> (the dialect's handler: the answer, its server-sent events for a stream).
-_ROUTES: dict[str, tuple[Callable[..., Any], Callable[[dict[str, Any], dict[str, Any]], list[bytes]]]] = {
-    "chat/completions": (chat.complete_chat, chat.events),
-    "completions": (chat.complete_text, chat.events),
+# POST route under /s/<session>/v1/ -> (the dialect's handler `(endpoint, conv, body, stream) -> answer`, and its
+# `make_stream(body, emit, model) -> stream | None`: the server-sent events of a call that streams).
+_ROUTES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "chat/completions": (chat.complete_chat, chat.make_stream),
+    "completions": (chat.complete_text, chat.make_stream),
 }
 
 
@@ -145,50 +148,66 @@ class OpenAIEndpoint:
         return {"object": "list", "data": [{"id": self.model_name(), "object": "model"}]}
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
-        """POST /v1/<route> in any dialect."""
+        """POST /v1/<route> in any dialect: JSON, or server-sent events as the turn is generated."""
         route = request.match_info["route"]
         if route not in _ROUTES:
             return web.json_response({"error": {"message": f"no route {request.path}"}}, status=404)
         authorization = request.headers.get("Authorization", "") or _bearer(request.headers)
-        status, answer, events = await self.answer(
-            route, request.match_info["sid"], authorization, await request.read()
-        )
-        if events is None:
+        response: web.StreamResponse | None = None
+
+        async def emit(chunk: bytes) -> None:
+            nonlocal response
+            if response is None:
+                response = web.StreamResponse(headers=_SSE_HEADERS)
+                await response.prepare(request)
+            await response.write(chunk)
+
+        status, answer = await self.answer(route, request.match_info["sid"], authorization, await request.read(), emit)
+        if response is None:
             return web.json_response(answer, status=status)
-        response = web.StreamResponse(headers=_SSE_HEADERS)
-        await response.prepare(request)
-        for event in events:
-            await response.write(event)
         await response.write_eof()
         return response
 
     async def answer(
-        self, route: str, sid: str, authorization: str, raw: bytes
-    ) -> tuple[int, dict[str, Any], list[bytes] | None]:
-        """One call, however it arrived: (HTTP status, the answer or an error body, its server-sent events when
-        the client streams, else None)."""
-        complete, events = _ROUTES[route]
+        self, route: str, sid: str, authorization: str, raw: bytes, emit: Emit | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """One call, however it arrived: (HTTP status, the answer or an error body). A call that streams sends its
+        events through `emit` as the turn is generated (an error after the first one as a last event)."""
+        handler, make_stream = _ROUTES[route]
+        streamed = False
+
+        async def emit_once(chunk: bytes) -> None:
+            nonlocal streamed
+            streamed = True
+            await emit(chunk)  # type: ignore[misc]  # only handed on when given
+
         try:
             session = self._session_of(authorization, sid)
             try:
                 body = json.loads(raw)
             except ValueError as exc:
                 raise EndpointError(400, f"the body is not JSON: {exc}") from exc
-            answer = await self.complete(session, body, complete)
+            stream = None
+            if emit is not None and isinstance(body, dict) and body.get("stream"):
+                stream = make_stream(body, emit_once, self.model_name())
+            return 200, await self.complete(session, body, handler, stream)
         except EndpointError as exc:
-            return exc.status, _error_body(exc), None
-        return 200, answer, events(body, answer) if body.get("stream") else None
+            if streamed:
+                await emit(f"event: error\ndata: {json.dumps(_error_body(exc))}\n\n".encode())  # type: ignore[misc]
+            return exc.status, _error_body(exc)
 
-    async def complete(self, conv: Conversation, body: dict[str, Any], complete: Any = None) -> dict[str, Any]:
-        """One turn of `conv` for a request body (Chat Completions unless `complete` names another dialect's
-        handler): the answer, or EndpointError."""
+    async def complete(
+        self, conv: Conversation, body: dict[str, Any], handler: Any = None, stream: Any = None
+    ) -> dict[str, Any]:
+        """One turn of `conv` for a request body (Chat Completions unless `handler` names another dialect's), its
+        events through `stream` as they come if given: the answer, or EndpointError."""
         if not isinstance(body, dict):
             raise EndpointError(400, "the body must be a JSON object")
         if body.get("n", 1) != 1:
             raise EndpointError(400, "`n` other than 1 is not supported: open one session per sample")
         if conv.closed:
             raise EndpointError(404, "unknown or ended session (its sample finished, failed or timed out)")
-        return await (complete or chat.complete_chat)(self, conv, body)
+        return await (handler or chat.complete_chat)(self, conv, body, stream)
 
     def branch_for(self, conv: Conversation, prompt_text: str) -> ChatSession:
         """The branch a call with this prompt continues (Conversation.route), registered and counted when new."""
@@ -221,10 +240,16 @@ class OpenAIEndpoint:
         return str(getattr(self.ctx.args, "hf_checkpoint", None) or "slime-like")
 
     async def generate(
-        self, session: ChatSession, prompt_text: str, body: dict[str, Any], constraint: dict[str, str] | None = None
+        self,
+        session: ChatSession,
+        prompt_text: str,
+        body: dict[str, Any],
+        constraint: dict[str, str] | None = None,
+        on_ids: OnIds | None = None,
     ) -> tuple[list[int], Any]:
         """Extend the branch's tokens to `prompt_text` (only the new text is tokenised) and generate from them,
-        under `constraint` (a tool choice's grammar) if given: the ids sent and SGLang's answer."""
+        under `constraint` (a tool choice's grammar) if given, handing the sampled ids to `on_ids` as they come if
+        given: the ids sent and SGLang's answer. The branch keeps the new tokens only once the turn is generated."""
         tokenizer = self.ctx.tokenizer
         if not session.tokens:  # a fresh branch
             new_ids, new_text = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"]), ""
@@ -244,18 +269,12 @@ class OpenAIEndpoint:
             if any(k in params for k in ("regex", "ebnf", "json_schema", "structural_tag")):
                 raise EndpointError(400, "`tool_choice` forces a tool call's grammar: drop regex/ebnf/response_format")
             params.update(constraint)
-        if session.reprefill:  # a branch's tokens past what SGLang has already seen in this conversation
-            self.ctx.count("openai_reprefill_tokens", len(new_ids))
-            session.reprefill = False
-        if session.tokens:
-            session.append(new_ids, new_text, None, None)
-        else:
-            session.tokens, session.prompt_length, session.prompt_text = new_ids, len(new_ids), prompt_text
         rid = f"openai-{session.id}-{len(session.turns)}"
-        payload = {"input_ids": list(session.tokens), "sampling_params": params, "return_logprob": True, "rid": rid}
+        input_ids = session.tokens + new_ids
+        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True, "rid": rid}
         session.inflight = rid
         try:
-            out = await gen.post_generate(self.ctx, payload)
+            out = await gen.post_generate(self.ctx, payload, on_ids=on_ids)
         except gen.AbortedBeforeSending as exc:
             session.aborted = True
             raise EndpointError(503, "the rollout is aborting", "server_error") from exc
@@ -265,7 +284,14 @@ class OpenAIEndpoint:
             session.inflight = None
         if session.closed:
             raise EndpointError(404, "the session ended while this turn was generated")
-        return payload["input_ids"], out
+        if session.reprefill:  # a branch's tokens past what SGLang had already seen in this conversation
+            self.ctx.count("openai_reprefill_tokens", len(new_ids))
+            session.reprefill = False
+        if session.tokens:
+            session.append(new_ids, new_text, None, None)
+        else:
+            session.tokens, session.prompt_length, session.prompt_text = new_ids, len(new_ids), prompt_text
+        return input_ids, out
 
     def record(
         self, session: ChatSession, input_ids: list[int], out: dict[str, Any]
@@ -342,14 +368,39 @@ class _InProcessTransport(httpx.AsyncBaseTransport):
             except EndpointError as exc:
                 return httpx.Response(exc.status, json=_error_body(exc))
             return httpx.Response(200, json=endpoint.models())
-        # Shielded: as an aiohttp handler, the turn runs on when the agent is cancelled (a timeout); closing the
-        # session then aborts it.
-        call = asyncio.ensure_future(endpoint.answer(route, sid, authorization, await request.aread()))
+        # Its own task: as an aiohttp handler, the turn runs on when the agent is cancelled (a timeout); closing the
+        # session then aborts it. Events come through the queue, None after the last.
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        call = asyncio.ensure_future(
+            _answer_then_end(endpoint, queue, route, sid, authorization, await request.aread())
+        )
         call.add_done_callback(_retrieve)
-        status, answer, events = await asyncio.shield(call)
-        if events is None:
+        first = await queue.get()
+        if first is None:
+            status, answer = await call
             return httpx.Response(status, json=answer)
-        return httpx.Response(status, headers=_SSE_HEADERS, content=b"".join(events))
+
+        async def events() -> AsyncIterator[bytes]:
+            chunk: bytes | None = first
+            while chunk is not None:
+                yield chunk
+                chunk = await queue.get()
+
+        return httpx.Response(200, headers=_SSE_HEADERS, content=events())
+
+
+async def _answer_then_end(
+    endpoint: OpenAIEndpoint, queue: asyncio.Queue[bytes | None], *call: Any
+) -> tuple[int, dict[str, Any]]:
+    """endpoint.answer(*call) with its events put on `queue`, then None."""
+
+    async def emit(chunk: bytes) -> None:
+        queue.put_nowait(chunk)
+
+    try:
+        return await endpoint.answer(*call, emit)
+    finally:
+        queue.put_nowait(None)
 
 
 def _bearer(headers: Any) -> str:

@@ -16,7 +16,7 @@ import http.client
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -391,17 +391,19 @@ class GenerateRefused(EngineError):
     """/generate (or /v1/embeddings) answered 4xx: the request itself is wrong, so sending it again cannot help."""
 
 
-async def generate_async(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+async def generate_async(
+    session: aiohttp.ClientSession, url: str, payload: dict[str, Any], on_ids: OnIds | None = None
+) -> dict[str, Any]:
     """POST /generate; GenerateRefused on a 4xx answer, EngineError on a 5xx answer or a broken connection.
 
     With `"stream": true` in the payload the answer is read chunk by chunk and returned whole, as without it, plus
-    `meta_info["weight_version_spans"]` (see `read_stream`).
+    `meta_info["weight_version_spans"]` (see `read_stream`); `on_ids` is then awaited with each chunk's new ids.
     """
     try:
         async with session.post(f"{url}/generate", json=payload, headers=auth_headers()) as resp:
             if resp.status == 200:
                 if payload.get("stream"):
-                    return await read_stream(resp.content.iter_any(), f"{url}/generate")
+                    return await read_stream(resp.content.iter_any(), f"{url}/generate", on_ids)
                 return await resp.json(content_type=None)
             error = f"/generate answered {resp.status}: {(await resp.text())[:300]}{_auth_hint(resp.status)}"
     except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
@@ -436,7 +438,10 @@ async def embeddings_async(
 _STREAMED_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 
 
-async def read_stream(body: AsyncIterator[bytes], where: str) -> dict[str, Any]:
+OnIds = Callable[[list[int]], Awaitable[None]]
+
+
+async def read_stream(body: AsyncIterator[bytes], where: str, on_ids: OnIds | None = None) -> dict[str, Any]:
     """A streamed /generate answer (server-sent events, in pieces as they arrive) assembled into one answer, with
     the weight version of every token: `meta_info[VERSION_SPANS_KEY]` = [[version, tokens], ...] in order over the
     output tokens.
@@ -461,7 +466,10 @@ async def read_stream(body: AsyncIterator[bytes], where: str) -> dict[str, Any]:
             line = line[len(b"data:") :].strip()
             if line == b"[DONE]":
                 return _finish_stream(answer, spans, where)
+            before = len(answer["output_ids"]) if answer is not None else 0
             answer = _add_chunk(answer, spans, json.loads(line), where)
+            if on_ids is not None and len(answer["output_ids"]) > before:
+                await on_ids(answer["output_ids"][before:])
     raise EngineError(f"{where}: the stream ended before its [DONE] event")
 
 

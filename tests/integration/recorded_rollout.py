@@ -34,8 +34,8 @@ def recorded_rollout(args: Any, server_url: str) -> tuple[list[list[Sample]], di
     sent: list[dict[str, Any]] = []
     original = rollout.generate.post_generate
 
-    async def recording(ctx: Any, payload: dict[str, Any], retries: int | None = None) -> dict[str, Any]:
-        out = await original(ctx, payload, retries)
+    async def recording(ctx: Any, payload: dict[str, Any], retries: int | None = None, **kw: Any) -> dict[str, Any]:
+        out = await original(ctx, payload, retries, **kw)
         sent.append({"rid": payload["rid"], "input_ids": list(payload["input_ids"]), "out": out, "sampling_params": payload.get("sampling_params", {})})  # fmt: skip
         return out
 

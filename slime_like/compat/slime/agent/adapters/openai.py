@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from slime.agent.adapters.common import BaseAdapter
 
-from rollout.openai_chat import events
+from rollout.openai_chat import ChatStream
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,10 @@ async def _respond(request: web.Request, body: dict[str, Any], answer: dict[str,
         return web.json_response(answer)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for event in events({"stream_options": {"include_usage": True}}, answer):
-        await response.write(event)
+    stream = ChatStream({**body, "stream_options": {"include_usage": True}}, response.write)
+    content = answer["choices"][0]["message"].get("content")
+    if content:
+        await stream.text(content)
+    await stream.finish(answer)
     await response.write_eof()
     return response
