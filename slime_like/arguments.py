@@ -161,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(str(exc))
     if problems:
         parser.error("the model flags contradict the HF config of --hf-checkpoint:\n  " + "\n  ".join(problems))
-    plan = make_plan(args, text_config(config))
+    plan = make_plan(args, config)  # the planner reads the language model's part (core.hf_config.hf_field)
     family = family_problem(args.hf_checkpoint, config)
     if family:
         parser.error(family)

@@ -27,70 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_like.trainer.model_arguments import moe_layer_pattern
+from slime_like.core.hf_config import hf_field, hf_field_named
+from slime_like.model_size import ModelSize, model_size
 
 GIB = 1024**3
-
-
-@dataclass
-class ModelSize:
-    """Parameter counts and KV-cache cost of one model."""
-
-    dense_params: int  # everything that is not a routed expert
-    expert_params: int  # all routed experts of all layers
-    layers: int
-    hidden: int
-    kv_bytes_per_token: int  # 16-bit K and V over all layers
-    served_bytes_per_param: int = 2  # what SGLang loads the checkpoint as: 16-bit, or 1 byte for FP8 checkpoints
-
-    @property
-    def total(self) -> int:
-        """All parameters."""
-        return self.dense_params + self.expert_params
-
-
-def model_size(config: Any) -> ModelSize:
-    """Count parameters from an HF config (dense, MoE, and DeepSeek-style MLA attention)."""
-    h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    heads = config.num_attention_heads
-    kv_lora = getattr(config, "kv_lora_rank", None)
-    if kv_lora:  # multi-latent attention
-        q_lora = getattr(config, "q_lora_rank", None)
-        qk = config.qk_nope_head_dim + config.qk_rope_head_dim
-        q = (h * q_lora + q_lora + q_lora * heads * qk) if q_lora else h * heads * qk
-        kv = (
-            h * (kv_lora + config.qk_rope_head_dim)
-            + kv_lora
-            + kv_lora * heads * (config.qk_nope_head_dim + config.v_head_dim)
-        )
-        attention = q + kv + heads * config.v_head_dim * h
-        kv_per_token = layers * (kv_lora + config.qk_rope_head_dim) * 2  # the latent is what is cached
-    else:
-        head_dim = getattr(config, "head_dim", None) or h // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        attention = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
-        if config.model_type.startswith("qwen3"):
-            attention += 2 * head_dim  # RMSNorm on queries and keys
-        kv_per_token = layers * 2 * kv_heads * head_dim * 2
-    experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None) or 0
-    dense_mlp = 3 * h * (getattr(config, "intermediate_size", None) or 0)
-    # MiniMax-M2 sizes its experts with intermediate_size (it has no dense MLP and no moe_intermediate_size).
-    expert_ffn = getattr(config, "moe_intermediate_size", None) or (
-        getattr(config, "intermediate_size", 0) if experts else 0
-    )
-    pattern = moe_layer_pattern(config)
-    moe_layers = sum(pattern[1]) if pattern else 0
-    shared = getattr(config, "shared_expert_intermediate_size", None) or (
-        (getattr(config, "n_shared_experts", 0) or 0) * (getattr(config, "moe_intermediate_size", 0) or 0)
-    )
-    moe_dense_part = h * experts + 3 * h * shared  # router and shared experts of a MoE layer
-    expert_params = moe_layers * experts * 3 * h * (expert_ffn or 0)
-    per_layer_norms = 2 * h
-    dense = layers * (attention + per_layer_norms) + (layers - moe_layers) * dense_mlp + moe_layers * moe_dense_part
-    embeddings = vocab * h * (1 if getattr(config, "tie_word_embeddings", False) else 2) + h
-    quantization = getattr(config, "quantization_config", None) or {}
-    fp8 = isinstance(quantization, dict) and quantization.get("quant_method") == "fp8"  # Kimi-K2, GLM-5-FP8, ...
-    return ModelSize(dense + embeddings, expert_params, layers, h, kv_per_token, 1 if fp8 else 2)
 
 
 @dataclass
@@ -213,9 +153,9 @@ def _sglang_flag(args: Any, flag: str) -> str | bool | None:
 
 
 def _heads(config: Any) -> tuple[int, int]:
-    """Attention heads and KV heads (query groups) of an HF config."""
-    heads = config.num_attention_heads
-    return heads, getattr(config, "num_key_value_heads", None) or heads
+    """Attention heads and KV heads (query groups) of an HF config, outer or nested."""
+    heads = hf_field(config, "num_attention_heads")
+    return heads, hf_field(config, "num_key_value_heads") or heads
 
 
 def _rollout_offset(args: Any) -> int:
@@ -280,7 +220,7 @@ def _rollout_layout_problems(args: Any, config: Any) -> list[str]:
             f"{heads} attention heads (num_attention_heads of the HF config) do not divide over SGLang's attention "
             f"tensor parallel size ({how})"
         )
-    elif not getattr(config, "kv_lora_rank", None) and kv_heads % attn_tp and attn_tp % kv_heads:
+    elif not hf_field(config, "kv_lora_rank") and kv_heads % attn_tp and attn_tp % kv_heads:
         problems.append(
             f"{kv_heads} KV heads (num_key_value_heads of the HF config) and SGLang's attention tensor parallel "
             f"size ({how}): one must divide the other (SGLang splits or replicates KV heads)"
@@ -308,23 +248,23 @@ def _training_layout_problems(args: Any, config: Any) -> list[str]:
             f"{kv_heads} KV heads (num_key_value_heads of the HF config, Megatron's --num-query-groups) and "
             f"--tensor-model-parallel-size {tp}: one must divide the other"
         )
-    if _layers_per_stage(args, config.num_hidden_layers) is None:
+    layers = hf_field(config, "num_hidden_layers")
+    if _layers_per_stage(args, layers) is None:
         first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
         given = "".join(
             f", --decoder-{where}-pipeline-num-layers {n}" for where, n in (("first", first), ("last", last)) if n
         )
         problems.append(
-            f"{config.num_hidden_layers} layers (num_hidden_layers of the HF config) do not divide over "
+            f"{layers} layers (num_hidden_layers of the HF config) do not divide over "
             f"--pipeline-model-parallel-size {pp}{given} "
             "(set --decoder-first/last-pipeline-num-layers for uneven stages)"
         )
-    experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None) or 0
+    experts_field, experts = hf_field_named(config, "num_experts")
     if ep > 1 and not experts:
         problems.append(f"--expert-model-parallel-size {ep} on a model without routed experts (use 1)")
     elif ep > 1 and experts % ep:
         problems.append(
-            f"{experts} experts (num_experts or n_routed_experts of the HF config) do not divide over "
-            f"--expert-model-parallel-size {ep}"
+            f"{experts} experts ({experts_field} of the HF config) do not divide over --expert-model-parallel-size {ep}"
         )
     etp = args.expert_tensor_parallel_size or tp
     per_stage = args.world_size // pp
@@ -334,9 +274,7 @@ def _training_layout_problems(args: Any, config: Any) -> list[str]:
             f"trainer ranks of a pipeline stage (--actor-num-nodes x --actor-num-gpus-per-node = {args.world_size} "
             f"over --pipeline-model-parallel-size {pp})"
         )
-    if (
-        getattr(config, "index_topk", None) and args.context_parallel_size > 1
-    ):  # GLM-5's DSA (slime_like.trainer.megatron.dsa)
+    if hf_field(config, "index_topk") and args.context_parallel_size > 1:  # GLM-5's DSA (trainer/megatron/dsa.py)
         problems.append(
             f"--context-parallel-size {args.context_parallel_size}: megatron-core 0.16's DeepSeek sparse attention "
             "(GLM-5) has no context parallelism (slime's --allgather-cp comes with its own GLM-5 layer spec); use "
@@ -350,7 +288,9 @@ def layout_problems(args: Any, config: Any) -> list[str]:
     problems = count_problems(args)
     if problems:
         return problems
-    problems = _training_layout_problems(args, config) + _rollout_layout_problems(args, config)
+    problems = _training_layout_problems(args, config)
+    if not getattr(args, "debug_train_only", False):  # it starts no SGLang engine (rollout/manager.py)
+        problems += _rollout_layout_problems(args, config)
     nodes = -(-_total_gpus(args) // args.num_gpus_per_node)
     if args.num_nodes and nodes > args.num_nodes:
         problems.append(
@@ -389,18 +329,25 @@ def make_plan(args: Any, config: Any) -> Plan:
     total_gpus = _total_gpus(args)
     nodes = -(-total_gpus // per_node)
     lines = [
-        f"model: {config.model_type}, {size.total / 1e9:.2f}B parameters ({size.expert_params / 1e9:.2f}B in routed experts)",
+        f"model: {hf_field(config, 'model_type')}, {size.total / 1e9:.2f}B parameters ({size.expert_params / 1e9:.2f}B in routed experts)",
         f"placement: {'colocated' if args.colocate else 'disaggregated'}, {nodes} node(s) x {per_node} GPUs, {total_gpus} GPUs used",
         f"  training: {args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node} = {args.world_size} ranks; "
         f"TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x CP {args.context_parallel_size} "
         f"-> DP {dense_dp}; EP {args.expert_model_parallel_size} (expert DP {expert_dp})",
-        f"  rollout: {args.rollout_num_gpus} GPUs = {engines} SGLang engine(s) x TP {args.rollout_num_gpus_per_engine}, "
-        + (
-            f"{per_node // args.rollout_num_gpus_per_engine} engine(s) per node"
-            if args.rollout_num_gpus_per_engine <= per_node
-            else f"each engine spans {-(-args.rollout_num_gpus_per_engine // per_node)} nodes"
-        ),
     ]
+    train_only = getattr(args, "debug_train_only", False)
+    if train_only:
+        lines.append("  rollout: no SGLang engine (--debug-train-only: rollouts from files or --rollout-function-path)")
+    else:
+        lines.append(
+            f"  rollout: {args.rollout_num_gpus} GPUs = {engines} SGLang engine(s) x TP "
+            f"{args.rollout_num_gpus_per_engine}, "
+            + (
+                f"{per_node // args.rollout_num_gpus_per_engine} engine(s) per node"
+                if args.rollout_num_gpus_per_engine <= per_node
+                else f"each engine spans {-(-args.rollout_num_gpus_per_engine // per_node)} nodes"
+            )
+        )
     memory = []
     train = training_memory(args, size)
     total_train = sum(train.values())
@@ -410,10 +357,11 @@ def make_plan(args: Any, config: Any) -> Plan:
         + f" = {total_train / GIB:.1f} GiB of {args.gpu_memory_gb:g}"
     )
     serve = rollout_memory(args, size, gpu_bytes)
-    lines.append(
-        f"  memory per rollout GPU: weights {serve['weights'] / GIB:.1f} GiB, KV cache room "
-        f"{max(0.0, serve['kv_room']) / GIB:.1f} GiB = {serve['kv_tokens'] / 1e3:.0f}k tokens per engine"
-    )
+    if not train_only:
+        lines.append(
+            f"  memory per rollout GPU: weights {serve['weights'] / GIB:.1f} GiB, KV cache room "
+            f"{max(0.0, serve['kv_room']) / GIB:.1f} GiB = {serve['kv_tokens'] / 1e3:.0f}k tokens per engine"
+        )
     if total_train > 0.95 * gpu_bytes:
         memory.append(
             f"training needs about {total_train / GIB:.1f} GiB per GPU, more than the {args.gpu_memory_gb:g} GiB there: "
@@ -421,7 +369,7 @@ def make_plan(args: Any, config: Any) -> Plan:
             "add --use-distributed-optimizer or --bf16, or lower --max-tokens-per-gpu"
         )
     needed_tokens = args.rollout_max_response_len + (args.rollout_max_prompt_len or 0)
-    if serve["kv_room"] <= 0 or serve["kv_tokens"] < needed_tokens:
+    if not train_only and (serve["kv_room"] <= 0 or serve["kv_tokens"] < needed_tokens):
         memory.append(
             f"an SGLang engine's weights ({serve['weights'] / GIB:.1f} GiB per GPU) leave KV-cache room for "
             f"{serve['kv_tokens']:.0f} tokens, less than one sequence ({needed_tokens}): raise --rollout-num-gpus-per-engine"
@@ -456,7 +404,7 @@ def add_plan_arguments(parser: Any) -> None:
 
 def load_hf_config(path: str) -> Any:
     """The checkpoint's transformers config (the checkpoint need not hold weights for a dry run); the planner reads
-    its language model's part (`model_arguments.text_config`)."""
+    its language model's part, nested or not (`core.hf_config.hf_field`)."""
     from slime_like.trainer.model_arguments import read_hf_config
 
     return read_hf_config(path)

@@ -5,9 +5,10 @@ Example: python tools/reference_configs.py --model glm4.7-flash --out /tmp/glm4.
 Two kinds of entries:
 - PUBLISHED: the config.json of a model's Hugging Face checkpoint, field for field, kept as data in
   tools/hf_configs/<model>.json. Where the checkpoint's config names custom code (`auto_map`, e.g. Kimi-K2's
-  "kimi_k2" or MiMo's "mimo", which transformers does not know), the writer also writes that config module, as
-  our own few lines subclassing the transformers class the model's config derives from: the checkpoint then loads
-  only with trust_remote_code=True, as the real one does.
+  "kimi_k2" or MiMo's "mimo", which transformers does not know), the writer also writes that config module in the
+  shape the checkpoint ships it (CUSTOM_CONFIG_MODULES: DeepSeek-V3's and MiniMax-M2's are standalone
+  PretrainedConfig classes written for transformers 4, MiMo's a Qwen2Config subclass), as our own code storing the
+  same fields: the checkpoint then loads only with trust_remote_code=True, and reads as the real one does.
 - BUILT: the Qwen3 / Llama 3 / DeepSeek-V3 sizes, built with transformers' config class (as save_pretrained
   writes them).
 """
@@ -50,11 +51,43 @@ PUBLISHED: dict[str, str] = {
     "qwen3.5-35B-A3B": "Qwen/Qwen3.5-35B-A3B (qwen3_5_moe)",
 }
 
-# Custom config modules named by published auto_maps -> the transformers class the model's own code subclasses.
-CUSTOM_CONFIG_BASES = {
-    "configuration_deepseek.DeepseekV3Config": "DeepseekV3Config",
-    "configuration_mimo.MiMoConfig": "Qwen2Config",
-    "configuration_minimax_m2.MiniMaxM2Config": "MiniMaxM2Config",
+# Config modules that published checkpoints ship (auto_map -> AutoConfig), as their checkpoints have them: the class,
+# what it derives from, and the fields its __init__ stores with their defaults. DeepSeek-V3's configuration_deepseek.py
+# (Kimi-K2 and Moonlight ship it too) and MiniMax-M2's configuration_minimax_m2.py are standalone PretrainedConfig
+# classes written for transformers 4: no attribute_map, DeepSeek's n_routed_experts / MiniMax's num_local_experts,
+# rope_theta and rope_scaling at the top level. MiMo's derives from Qwen2Config and adds num_nextn_predict_layers.
+# Each is written as our own short module storing the same fields, so the readers see what a real checkpoint gives.
+_DEEPSEEK_V3_FIELDS: dict[str, Any] = dict(
+    vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+    num_nextn_predict_layers=1, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+    n_routed_experts=256, ep_size=1, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536,
+    qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc", n_group=8, topk_group=4,
+    num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3, norm_topk_prob=True, scoring_func="sigmoid",
+    hidden_act="silu", max_position_embeddings=4096, initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True,
+    rope_theta=10000.0, rope_scaling=None, attention_bias=False, attention_dropout=0.0,
+)  # fmt: skip
+# MiniMax-M2's module keeps Mixtral's fields; its own (rotary_dim, use_qk_norm, scoring_func, ...) arrive as extra
+# config.json keys, which PretrainedConfig sets as attributes.
+_MINIMAX_M2_FIELDS: dict[str, Any] = dict(
+    vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=None, hidden_act="silu", max_position_embeddings=4096 * 32,
+    initializer_range=0.02, rms_norm_eps=1e-5, use_cache=True, rope_theta=1e6, sliding_window=None,
+    attention_dropout=0.0, num_experts_per_tok=2, num_local_experts=8, output_router_logits=False,
+    router_aux_loss_coef=0.001, router_jitter_noise=0.0,
+)  # fmt: skip
+# auto_map's AutoConfig -> (base class, stored fields and defaults, token ids and tying given to the base's __init__)
+CUSTOM_CONFIG_MODULES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "configuration_deepseek.DeepseekV3Config": (
+        "PretrainedConfig",
+        _DEEPSEEK_V3_FIELDS,
+        dict(pad_token_id=None, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False),
+    ),
+    "configuration_minimax_m2.MiniMaxM2Config": (
+        "PretrainedConfig",
+        _MINIMAX_M2_FIELDS,
+        dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    ),
+    "configuration_mimo.MiMoConfig": ("Qwen2Config", dict(num_nextn_predict_layers=0), {}),
 }
 
 _QWEN3 = dict(head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0, vocab_size=151936, max_position_embeddings=40960)
@@ -90,14 +123,34 @@ def published_config(model: str) -> dict[str, Any]:
     return json.loads((HF_CONFIGS / f"{model}.json").read_text())
 
 
-def _custom_config_module(class_name: str, base: str, model_type: str) -> str:
-    """Source of a checkpoint's custom config module: the transformers class under the checkpoint's model_type."""
-    return (
-        '"""Config class named by this checkpoint\'s auto_map (written by slime-like\'s tools/reference_configs.py)."""\n'
-        f"from transformers import {base} as _Base\n\n\n"
-        f"class {class_name}(_Base):\n"
-        f"    model_type = {model_type!r}\n"
-    )
+def custom_config_module(auto_config: str, model_type: str) -> str:
+    """Source of the config module a checkpoint's auto_map names, under the checkpoint's model_type."""
+    class_name = auto_config.rsplit(".", 1)[1]
+    base, fields, passed = CUSTOM_CONFIG_MODULES[auto_config]
+    params = [f"        {name}={value!r}," for name, value in {**fields, **passed}.items()]
+    stores = [f"        self.{name} = {name}" for name in fields]
+    # A Qwen2Config subclass hands every Qwen2 field to its base; a standalone class only the token ids and tying.
+    forward = ", ".join(f"{name}={name}" for name in passed)
+    lines = [
+        f'"""{class_name} as the checkpoint ships it (written by slime-like\'s tools/reference_configs.py)."""',
+        "",
+        f"from transformers import {base}",
+        "",
+        "",
+        f"class {class_name}({base}):",
+        f"    model_type = {model_type!r}",
+        '    keys_to_ignore_at_inference = ["past_key_values"]',
+        "",
+        "    def __init__(",
+        "        self,",
+        *params,
+        "        **kwargs,",
+        "    ):",
+        *stores,
+        f"        super().__init__({forward + ', ' if forward else ''}**kwargs)",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def write_reference_config(model: str, out: str | Path) -> Path:
@@ -119,9 +172,8 @@ def write_reference_config(model: str, out: str | Path) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     auto_config = (config.get("auto_map") or {}).get("AutoConfig")
     if auto_config:
-        module, class_name = auto_config.rsplit(".", 1)
-        source = _custom_config_module(class_name, CUSTOM_CONFIG_BASES[auto_config], config["model_type"])
-        (out / f"{module}.py").write_text(source)
+        module = auto_config.rsplit(".", 1)[0]
+        (out / f"{module}.py").write_text(custom_config_module(auto_config, config["model_type"]))
     return out
 
 

@@ -10,26 +10,27 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-# flag dest -> how to read the same quantity from an HF (text) config: the first field present counts
-_INT_FIELDS: dict[str, tuple[str, ...]] = {
-    "num_layers": ("num_hidden_layers",),
-    "hidden_size": ("hidden_size",),
-    "num_attention_heads": ("num_attention_heads",),
-    "num_query_groups": ("num_key_value_heads",),
-    "vocab_size": ("vocab_size",),
-    "num_experts": ("num_experts", "n_routed_experts"),
-    "moe_router_topk": ("num_experts_per_tok",),
-    "moe_ffn_hidden_size": ("moe_intermediate_size",),
-    "q_lora_rank": ("q_lora_rank",),
-    "kv_lora_rank": ("kv_lora_rank",),
-    "qk_pos_emb_head_dim": ("qk_rope_head_dim",),
-    "v_head_dim": ("v_head_dim",),
-    "moe_router_topk_scaling_factor": ("routed_scaling_factor",),
-    "moe_router_num_groups": ("n_group",),
-    "moe_router_group_topk": ("topk_group",),
-    "moe_router_score_function": ("scoring_func",),
-    # MTP layers the checkpoint carries (DeepSeek/GLM/MiMo name them nextn; Qwen3.5 mtp_num_hidden_layers).
-    "mtp_num_layers": ("num_nextn_predict_layers", "mtp_num_hidden_layers"),
+from slime_like.core.hf_config import hf_field, hf_field_named, rope_parameters, text_config
+
+# flag dest -> the HF config field (slime_like.core.hf_config.FIELD_NAMES knows each field's published names)
+_INT_FIELDS: dict[str, str] = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_key_value_heads",
+    "vocab_size": "vocab_size",
+    "num_experts": "num_experts",
+    "moe_router_topk": "num_experts_per_tok",
+    "moe_ffn_hidden_size": "moe_intermediate_size",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_pos_emb_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "moe_router_topk_scaling_factor": "routed_scaling_factor",
+    "moe_router_num_groups": "n_group",
+    "moe_router_group_topk": "topk_group",
+    "moe_router_score_function": "scoring_func",
+    "mtp_num_layers": "mtp_num_layers",  # the MTP layers the checkpoint carries
 }
 
 # Families whose attention has q/k norms or q/k/v biases without saying so in a config field (GQA attention;
@@ -114,37 +115,12 @@ def read_hf_config(path: str) -> Any:
         raise ValueError(f"--hf-checkpoint {path}: transformers cannot read its config.json ({exc})") from exc
 
 
-def text_config(config: Any) -> Any:
-    """The language model's config: Qwen3.5 (and multimodal models) nest it under `text_config`, as slime reads it."""
-    nested = getattr(config, "text_config", None)
-    return nested if nested is not None else config
-
-
-def _hf(config: Any, names: tuple[str, ...]) -> tuple[str, Any]:
-    for name in names:
-        value = getattr(config, name, None)
-        if value is not None:
-            return name, value
-    return names[0], None
-
-
-def _rope(config: Any) -> dict[str, Any]:
-    """RoPE settings: transformers 5 keeps them in rope_parameters, older configs in rope_scaling / rope_theta."""
-    rope = dict(getattr(config, "rope_scaling", None) or {})
-    rope.update(getattr(config, "rope_parameters", None) or {})
-    return rope
-
-
-def _rope_theta(config: Any) -> float | None:
-    return _rope(config).get("rope_theta", getattr(config, "rope_theta", None))
-
-
 def _partial_rotary(config: Any) -> tuple[str, float]:
     """Fraction of each head that RoPE rotates (1.0 unless the config says otherwise)."""
-    factor = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    factor = rope_parameters(config).get("partial_rotary_factor")
     if factor is not None:
         return "partial_rotary_factor", factor
-    rotary_dim, head_dim = getattr(config, "rotary_dim", None), getattr(config, "head_dim", None)
+    rotary_dim, head_dim = hf_field(config, "rotary_dim"), hf_field(config, "head_dim")
     if rotary_dim and head_dim:  # MiniMax-M2 gives the rotated dimensions
         return "rotary_dim / head_dim", rotary_dim / head_dim
     return "partial_rotary_factor", 1.0
@@ -152,73 +128,89 @@ def _partial_rotary(config: Any) -> tuple[str, float]:
 
 def moe_layer_pattern(config: Any) -> tuple[str, list[int]] | None:
     """(field, 0/1 per layer: 1 = MoE) as the HF config places its MoE layers; None for a dense model."""
-    layers = config.num_hidden_layers
-    experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None)
-    if not experts:
+    layers = hf_field(config, "num_hidden_layers")
+    if not hf_field(config, "num_experts"):
         return None
-    types = getattr(config, "mlp_layer_types", None)
+    types = hf_field(config, "mlp_layer_types")
     if types:
         return "mlp_layer_types", [0 if kind == "dense" else 1 for kind in types]
-    first_dense = getattr(config, "first_k_dense_replace", None)
+    first_dense = hf_field(config, "first_k_dense_replace")
     if first_dense is not None:
-        return "first_k_dense_replace", [0] * first_dense + [1] * (layers - first_dense)
-    step = getattr(config, "decoder_sparse_step", None) or 1
-    dense = set(getattr(config, "mlp_only_layers", None) or [])
+        # DeepSeek's code makes layer i MoE from first_k_dense_replace on where i % moe_layer_freq == 0.
+        freq = hf_field(config, "moe_layer_freq", 1)
+        return "first_k_dense_replace", [int(i >= first_dense and i % freq == 0) for i in range(layers)]
+    step = hf_field(config, "decoder_sparse_step") or 1
+    dense = set(hf_field(config, "mlp_only_layers") or [])
     return "decoder_sparse_step / mlp_only_layers", [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
 
 
+def expert_width(config: Any) -> tuple[str, int | None]:
+    """(field, intermediate size of one routed expert); MiniMax-M2 and Mixtral size experts with intermediate_size."""
+    field, width = hf_field_named(config, "moe_intermediate_size")
+    if width is None and hf_field(config, "num_experts"):
+        return hf_field_named(config, "intermediate_size")
+    return field, width
+
+
+def shared_expert_width(config: Any) -> tuple[str, int]:
+    """(field, intermediate size of a MoE layer's shared experts together); 0 without shared experts."""
+    field, width = hf_field_named(config, "shared_expert_intermediate_size")
+    if not width and hf_field(config, "n_shared_experts"):  # DeepSeek: n_shared_experts experts of the routed width
+        return "n_shared_experts x moe_intermediate_size", hf_field(config, "n_shared_experts") * (
+            hf_field(config, "moe_intermediate_size") or 0
+        )
+    return field, width or 0
+
+
 def expected_from_hf(config: Any) -> dict[str, tuple[str, Any]]:
-    """For each checkable flag dest: (HF field name, the value the flag must have); `config` is the text config."""
+    """For each checkable flag dest: (HF field name, the value the flag must have); `config` outer or nested."""
     out: dict[str, tuple[str, Any]] = {}
-    for dest, names in _INT_FIELDS.items():
-        field, value = _hf(config, names)
+    for dest, field in _INT_FIELDS.items():
+        name, value = hf_field_named(config, field)
         if value is not None:
-            out[dest] = (field, value)
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    mla = getattr(config, "kv_lora_rank", None) is not None
-    model_type = config.model_type
+            out[dest] = (name, value)
+    heads = hf_field(config, "num_attention_heads")
+    head_dim = hf_field(config, "head_dim") or hf_field(config, "hidden_size") // heads
+    mla = hf_field(config, "kv_lora_rank") is not None
+    model_type = text_config(config).model_type
     pattern = moe_layer_pattern(config)
+    rope = rope_parameters(config)
     if not mla:
         out["kv_channels"] = ("head_dim", head_dim)
         out["add_qkv_bias"] = (
             "attention_bias / model_type",
-            bool(getattr(config, "attention_bias", False)) or model_type in _QKV_BIAS_TYPES,
+            bool(hf_field(config, "attention_bias", False)) or model_type in _QKV_BIAS_TYPES,
         )
-        if getattr(config, "use_qk_norm", None) is not None:
-            out["qk_layernorm"] = ("use_qk_norm", bool(config.use_qk_norm))
+        if hf_field(config, "use_qk_norm") is not None:
+            out["qk_layernorm"] = ("use_qk_norm", bool(hf_field(config, "use_qk_norm")))
         elif model_type in _QK_NORM_TYPES + _NO_QK_NORM_TYPES:
             out["qk_layernorm"] = (f"model_type {model_type!r}", model_type in _QK_NORM_TYPES)
     else:
-        out["qk_head_dim"] = ("qk_nope_head_dim", config.qk_nope_head_dim)
+        out["qk_head_dim"] = ("qk_nope_head_dim", hf_field(config, "qk_nope_head_dim"))
         # Megatron's MLA applies YaRN from these flags; without YaRN in the config the factor is 1.
-        rope = _rope(config)
         yarn = rope.get("rope_type", rope.get("type")) == "yarn"
         out["rotary_scaling_factor"] = ("rope_scaling.factor", rope.get("factor", 1.0) if yarn else 1.0)
         if yarn:
             out["mscale"] = ("rope_scaling.mscale", rope.get("mscale", 1.0))
             out["mscale_all_dim"] = ("rope_scaling.mscale_all_dim", rope.get("mscale_all_dim", 0.0))
+    intermediate = hf_field(config, "intermediate_size")
     # As slime: --ffn-hidden-size sizes only dense MLPs, so a model that is MoE in every layer leaves it unchecked.
-    if getattr(config, "intermediate_size", None) is not None and (pattern is None or 0 in pattern[1]):
-        out["ffn_hidden_size"] = ("intermediate_size", config.intermediate_size)
-    # Without moe_intermediate_size (MiniMax-M2, Mixtral), intermediate_size is the experts' width.
-    if pattern is not None and "moe_ffn_hidden_size" not in out and getattr(config, "intermediate_size", None):
-        out["moe_ffn_hidden_size"] = ("intermediate_size", config.intermediate_size)
+    if intermediate is not None and (pattern is None or 0 in pattern[1]):
+        out["ffn_hidden_size"] = ("intermediate_size", intermediate)
+    if pattern is not None and expert_width(config)[1]:
+        out["moe_ffn_hidden_size"] = expert_width(config)
     out["untie_embeddings_and_output_weights"] = (
         "tie_word_embeddings",
-        not getattr(config, "tie_word_embeddings", False),
+        not hf_field(config, "tie_word_embeddings", False),
     )
     out["multi_latent_attention"] = ("kv_lora_rank", mla)
-    out["norm_epsilon"] = ("rms_norm_eps", getattr(config, "rms_norm_eps", None))
-    if _rope_theta(config) is not None:
-        out["rotary_base"] = ("rope_theta", _rope_theta(config))
+    out["norm_epsilon"] = ("rms_norm_eps", hf_field(config, "rms_norm_eps"))
+    if rope.get("rope_theta") is not None:
+        out["rotary_base"] = ("rope_theta", rope["rope_theta"])
     out["rotary_percent"] = _partial_rotary(config)
-    if "max_position_embeddings" in config.to_dict():
-        out["max_position_embeddings"] = ("max_position_embeddings", config.max_position_embeddings)
-    shared_field, shared = _hf(config, ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"))
-    if not shared and getattr(config, "n_shared_experts", None):
-        shared_field = "n_shared_experts x moe_intermediate_size"
-        shared = config.n_shared_experts * (getattr(config, "moe_intermediate_size", 0) or 0)
+    if "max_position_embeddings" in text_config(config).to_dict():
+        out["max_position_embeddings"] = ("max_position_embeddings", hf_field(config, "max_position_embeddings"))
+    shared_field, shared = shared_expert_width(config)
     if shared:
         out["moe_shared_expert_intermediate_size"] = (shared_field, shared)
     return out
@@ -227,10 +219,9 @@ def expected_from_hf(config: Any) -> dict[str, tuple[str, Any]]:
 def check_against_hf_config(args: argparse.Namespace, config: Any) -> list[str]:
     """One message per architecture flag that contradicts the HF config (empty: all agree)."""
     problems = []
-    text = text_config(config)
     # A missing on/off flag only counts when the script declares the architecture at all.
     declared = args.num_layers is not None or args.hidden_size is not None
-    for dest, (field, want) in expected_from_hf(text).items():
+    for dest, (field, want) in expected_from_hf(config).items():
         given = getattr(args, dest, None)
         flag = f"--{dest.replace('_', '-')}"
         if given is None or want is None:
@@ -252,18 +243,16 @@ def check_against_hf_config(args: argparse.Namespace, config: Any) -> list[str]:
             "which picks the Megatron -> HF conversion here (drop --model-name or fix it)"
         )
     if args.moe_layer_freq:
-        problems += _check_moe_layer_freq(args.moe_layer_freq, text)
+        problems += _check_moe_layer_freq(args.moe_layer_freq, config)
     return problems
 
 
 def _check_moe_layer_freq(value: str, config: Any) -> list[str]:
     """--moe-layer-freq against the layers the HF config makes dense and MoE."""
-    given = moe_layer_freq_pattern(value, config.num_hidden_layers)
-    if len(given) != config.num_hidden_layers:
-        return [
-            f"--moe-layer-freq has {len(given)} entries but the HF config has "
-            f"num_hidden_layers={config.num_hidden_layers}"
-        ]
+    layers = hf_field(config, "num_hidden_layers")
+    given = moe_layer_freq_pattern(value, layers)
+    if len(given) != layers:
+        return [f"--moe-layer-freq has {len(given)} entries but the HF config has num_hidden_layers={layers}"]
     expected = moe_layer_pattern(config)
     if expected is None:
         return [] if not any(given) else [f"--moe-layer-freq {value} places MoE layers in a model without experts"]

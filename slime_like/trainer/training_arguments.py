@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slime_like.core.hf_config import hf_field
 from slime_like.trainer.hooks import add_trainer_hook_arguments, load_trainer_hooks
 from slime_like.trainer.weights.delta_arguments import add_delta_arguments, validate_delta_args
 
@@ -386,8 +387,7 @@ def apply_routing_replay(args: argparse.Namespace, config: Any) -> None:
     if not args.use_routing_replay:
         return
     flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
-    experts = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None)
-    topk = getattr(config, "num_experts_per_tok", None)
+    experts, topk = hf_field(config, "num_experts"), hf_field(config, "num_experts_per_tok")
     if not experts or not topk:
         _error(
             f"{flag} replays the experts of MoE routers, but --hf-checkpoint is a dense model "
@@ -396,7 +396,7 @@ def apply_routing_replay(args: argparse.Namespace, config: Any) -> None:
     if args.loss_type == "sft_loss":
         _error(f"{flag} replays routing in RL training; --loss-type sft_loss has no rollout or old-policy forward")
     # The rows of SGLang's routed experts are [layers, topk] (slime reads the same two flags).
-    args.num_layers = args.num_layers or config.num_hidden_layers
+    args.num_layers = args.num_layers or hf_field(config, "num_hidden_layers")
     args.moe_router_topk = args.moe_router_topk or topk
     if args.use_rollout_routing_replay:
         from rollout.sglang_server import ROUTED_EXPERTS_FLAG

@@ -3,14 +3,19 @@ argument parser (a real start refuses what cannot be placed; a memory estimate o
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import transformers
 
 from slime_like.arguments import parse_args
-from slime_like.planner import GIB, _layers_per_stage, model_size, training_memory
+from slime_like.core.hf_config import load_hf_config, text_config
+from slime_like.planner import GIB, _layers_per_stage, layout_problems, make_plan, model_size, training_memory
+from tools.reference_configs import REFERENCE_CONFIGS, published_config, write_reference_config
 
 
 def real_count(config: transformers.PretrainedConfig) -> int:
@@ -40,8 +45,6 @@ def test_count_matches_a_small_mla_moe_model() -> None:
 
 
 def test_published_sizes() -> None:
-    from tools.reference_configs import REFERENCE_CONFIGS  # noqa: F401 - the table the dry runs use
-
     config = transformers.Qwen3Config(
         hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
         head_dim=128, vocab_size=151936, tie_word_embeddings=True,
@@ -163,7 +166,7 @@ LAYOUT_ERRORS = [
      "--decoder-first-pipeline-num-layers 1 (set"),
     ("tiny_qwen3_moe", ["--actor-num-gpus-per-node", "3", "--expert-model-parallel-size", "3",
                         "--rollout-batch-size", "3"],
-     "4 experts (num_experts or n_routed_experts of the HF config) do not divide over --expert-model-parallel-size 3"),
+     "4 experts (num_local_experts of the HF config) do not divide over --expert-model-parallel-size 3"),
     ("tiny_qwen3", ["--actor-num-gpus-per-node", "2", "--expert-model-parallel-size", "2"],
      "--expert-model-parallel-size 2 on a model without routed experts (use 1)"),
     ("tiny_qwen3_moe", ["--actor-num-gpus-per-node", "2", "--expert-model-parallel-size", "4"],
@@ -273,3 +276,103 @@ def test_memory_estimate_warns_at_a_real_start_and_fails_a_dry_run(
     out = capsys.readouterr().out
     assert exit_.value.code == 1
     assert "error: training needs about" in out and "dry run: 2 problem(s)" in out
+
+
+# Every reference config as its checkpoint has it (its own config code included), read by the planner as loaded:
+# the outer config of a multimodal checkpoint, the checkpoint's standalone config class. The count is held to
+# transformers' own model of the same architecture, built on the meta device (no memory).
+_TRANSFORMERS_CLASS_OF_CUSTOM_CODE = {"kimi-k2": "DeepseekV3", "moonlight": "DeepseekV3", "minimax-m2": "MiniMaxM2",
+                                      "mimo-7B-rl": "Qwen2"}  # fmt: skip
+
+
+def _transformers_counts(model: str, path: Path) -> tuple[int, int]:
+    """(all parameters, routed-expert parameters) of transformers' language model of `model`, MTP layers aside."""
+    import torch
+
+    with torch.device("meta"):
+        if model in _TRANSFORMERS_CLASS_OF_CUSTOM_CODE:  # the checkpoint's fields in transformers' own class
+            name = _TRANSFORMERS_CLASS_OF_CUSTOM_CODE[model]
+            fields = {k: v for k, v in published_config(model).items() if k not in ("auto_map", "model_type")}
+            built = getattr(transformers, f"{name}ForCausalLM")(getattr(transformers, f"{name}Config")(**fields))
+        else:
+            built = transformers.AutoModelForCausalLM.from_config(
+                text_config(transformers.AutoConfig.from_pretrained(path))
+            )
+    params = [(name, p.numel()) for name, p in built.named_parameters() if ".mtp" not in name]
+    return sum(n for _, n in params), sum(n for name, n in params if ".experts." in name)
+
+
+def plan_args(**kw: object) -> SimpleNamespace:
+    """A cluster of 8-GPU nodes, 64 trainer ranks colocated with engines of 8: what make_plan reads."""
+    base = dict(
+        actor_num_nodes=8, actor_num_gpus_per_node=8, world_size=64, num_gpus_per_node=8, num_nodes=None,
+        colocate=True, rollout_num_gpus=64, rollout_num_gpus_per_engine=8, tensor_model_parallel_size=8,
+        pipeline_model_parallel_size=1, context_parallel_size=1, expert_model_parallel_size=1,
+        expert_tensor_parallel_size=1, decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
+        bf16=True, use_distributed_optimizer=True, optimizer_cpu_offload=False, max_tokens_per_gpu=4096,
+        gpu_memory_gb=80.0, sglang_server_args=[], rollout_max_response_len=1024, rollout_max_prompt_len=None,
+        debug_train_only=False,
+    )  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
+    """model -> (its checkpoint directory, its config as the engine loads it)."""
+    root = tmp_path_factory.mktemp("reference")
+    return lambda model: (root / model, load_hf_config(write_reference_config(model, root / model)))
+
+
+def _text_fields(path: Path) -> dict:
+    """The config.json's language-model fields (nested under text_config for Qwen3.5) as written in the file."""
+    config = json.loads((path / "config.json").read_text())
+    return config.get("text_config", config)
+
+
+@pytest.mark.parametrize("model", REFERENCE_CONFIGS)
+def test_planner_counts_every_reference_config_as_transformers_does(
+    model: str, reference: Callable[[str], tuple[Path, Any]]
+) -> None:
+    path, config = reference(model)
+    size = model_size(config)
+    total, experts = _transformers_counts(model, path)
+    # Within 0.2%: GLM-5's DSA indexer (0.1%) and a few biases and norms are left out of the count.
+    assert size.total == pytest.approx(total, rel=2e-3)
+    assert size.expert_params == pytest.approx(experts, rel=1e-9)
+    line = make_plan(plan_args(), config).lines[0]
+    assert line.startswith(f"model: {_text_fields(path)['model_type']}, ")
+    assert f"{size.total / 1e9:.2f}B parameters ({experts / 1e9:.2f}B in routed experts)" in line
+
+
+@pytest.mark.parametrize("model", REFERENCE_CONFIGS)
+def test_layout_checks_read_every_reference_config(model: str, reference: Callable[[str], tuple[Path, Any]]) -> None:
+    """TP and EP of 7 divide no reference model's heads or experts: each check names the numbers of the published
+    config.json, found under the name that config uses."""
+    path, config = reference(model)
+    fields = _text_fields(path)
+    heads, layers = fields["num_attention_heads"], fields["num_hidden_layers"]
+    expert_names = [name for name in ("n_routed_experts", "num_local_experts", "num_experts") if fields.get(name)]
+    problems = make_plan(plan_args(tensor_model_parallel_size=7, expert_model_parallel_size=7, world_size=63,
+                                   actor_num_gpus_per_node=7, actor_num_nodes=9), config).problems  # fmt: skip
+    assert f"{heads} attention heads (num_attention_heads of the HF config) do not divide over " in problems[0]
+    if expert_names:
+        want = f"{fields[expert_names[0]]} experts ({expert_names[0]} of the HF config) do not divide over "
+        assert any(p.startswith(want) for p in problems), problems
+    else:
+        assert "--expert-model-parallel-size 7 on a model without routed experts (use 1)" in problems
+    deeper = plan_args(pipeline_model_parallel_size=layers + 1, world_size=8 * (layers + 1))
+    want = f"{layers} layers (num_hidden_layers of the HF config) do not divide over --pipeline-model-parallel-size"
+    assert any(p.startswith(want) for p in layout_problems(deeper, config))
+
+
+def test_debug_train_only_plans_no_engine(reference: Callable[[str], tuple[Path, Any]]) -> None:
+    """--debug-train-only (slime's SFT scripts) starts no SGLang engine: no rollout layout or memory to check."""
+    _, config = reference("qwen3.5-35B-A3B")
+    cramped = dict(rollout_num_gpus=1, rollout_num_gpus_per_engine=1, colocate=False, world_size=8,
+                   actor_num_nodes=1, tensor_model_parallel_size=2, expert_model_parallel_size=8,
+                   optimizer_cpu_offload=True)  # fmt: skip
+    served = make_plan(plan_args(**cramped), config)
+    assert any("leave KV-cache room for 0 tokens" in m for m in served.memory)  # 64.6 GiB of weights on one GPU
+    trained = make_plan(plan_args(**cramped, debug_train_only=True), config)
+    assert trained.memory == [] and trained.problems == []
+    assert "  rollout: no SGLang engine (--debug-train-only" in "\n".join(trained.lines)

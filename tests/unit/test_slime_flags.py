@@ -619,6 +619,9 @@ SLIME_MODEL_FILES: dict[str, list[str]] = {
         "--moe-permute-fusion", "--moe-aux-loss-coeff", "0", "--moe-shared-expert-gate"],
     "qwen3.5-0.8B": ["--spec", "slime_plugins.models.qwen3_5", "get_qwen3_5_spec",
                      *_fill(_QWEN_NEXT_LIKE, heads=8, groups=2, layers=24, hidden=1024, ffn=3584, vocab=248320)],
+    "qwen3.5-9B": ["--spec", "slime_plugins.models.qwen3_5", "get_qwen3_5_spec",
+                   *_fill(_QWEN_NEXT_LIKE, heads=16, groups=4, layers=32, hidden=4096, ffn=12288, vocab=248320),
+                   "--untie-embeddings-and-output-weights"],
     "qwen3.5-27B": ["--spec", "slime_plugins.models.qwen3_5", "get_qwen3_5_spec",
                     *_fill(_QWEN_NEXT_LIKE, heads=24, groups=4, layers=64, hidden=5120, ffn=17408, vocab=248320),
                     "--untie-embeddings-and-output-weights"],
@@ -640,7 +643,7 @@ UNSUPPORTED_FAMILIES: set[str] = set()
 _DENSE_LAYOUT = ["--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2"]
 _MOE_LAYOUT = ["--actor-num-nodes", "4", "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
                "--expert-model-parallel-size", "32", "--expert-tensor-parallel-size", "1", "--optimizer-cpu-offload"]  # fmt: skip
-_DENSE_MODELS = {"glm4-9B", "mimo-7B-rl", "qwen3.5-0.8B", "qwen3.5-27B"}
+_DENSE_MODELS = {"glm4-9B", "mimo-7B-rl", "qwen3.5-0.8B", "qwen3.5-9B", "qwen3.5-27B"}
 # slime's run-qwen3.5-27B.sh layout (TP4 x PP2, optimizer on the CPU): TP2 alone needs 123 GiB per GPU.
 _LAYOUT_OF = {"qwen3.5-27B": ["--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "4",
                               "--pipeline-model-parallel-size", "2", "--optimizer-cpu-offload"]}  # fmt: skip
@@ -775,7 +778,9 @@ def test_kimi_config_is_custom_code_read_as_slime_reads_it(published: Callable[[
     with pytest.raises(ValueError):  # custom code: only with trust_remote_code, as the real checkpoint
         transformers.AutoConfig.from_pretrained(hf, trust_remote_code=False)
     config = read_hf_config(str(hf))
-    assert config.model_type == "kimi_k2" and isinstance(config, transformers.DeepseekV3Config)
+    # The checkpoint's own class (configuration_deepseek.py, written for transformers 4), not transformers' class.
+    assert config.model_type == "kimi_k2" and type(config).__module__.endswith("configuration_deepseek")
+    assert not isinstance(config, transformers.DeepseekV3Config) and not type(config).attribute_map
 
 
 # slime's launch scripts for these families (checkpoint paths left to their own tests; dry runs on the published
@@ -960,6 +965,10 @@ def test_slime_minimax_m2_launch_script_starts(
 ) -> None:
     argv = [*SLIME_MODEL_FILES["minimax-m2"], "--hf-checkpoint", str(published("minimax-m2")), *SLIME_MINIMAX_M2_RUN]
     _expect_start(argv, "minimax_m2", capsys)
+    # Its configuration_minimax_m2.py stores num_local_experts (no attribute_map): 256 experts in all 62 layers.
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--dry-run"])
+    assert "model: minimax_m2, 228.69B parameters (224.68B in routed experts)" in capsys.readouterr().out
     args = parse_args(argv)
     # Colocated without --rollout-num-gpus: the engines take the trainer's 128 GPUs, as in slime.
     assert args.rollout_num_gpus == args.world_size == 128 and args.sequence_parallel

@@ -37,13 +37,13 @@ from mbridge.models.qwen2 import Qwen2Bridge
 from mbridge.models.qwen3moe import Qwen3MoEBridge
 from megatron.core.transformer.enums import AttnBackend
 
+from slime_like.core.hf_config import hf_field, text_config
+from slime_like.core.hf_config import rope_parameters as core_rope_parameters
+
 
 def rope_parameters(hf_config: Any) -> dict[str, Any]:
-    """The rope settings of a transformers 4 or 5 config, as one dict (rope_theta included)."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
-    if "rope_theta" not in params:
-        params["rope_theta"] = getattr(hf_config, "rope_theta", None) or 10000.0
-    return params
+    """The rope settings of a transformers 4 or 5 config, as one dict (rope_theta included: 10000 if not given)."""
+    return {"rope_theta": 10000.0, **core_rope_parameters(hf_config)}
 
 
 def fix_hf_config(hf_config: Any) -> None:
@@ -128,7 +128,7 @@ def sigmoid_moe_args(hf: Any) -> dict[str, Any]:
         moe_router_bias_update_rate=0.001,
         moe_router_enable_expert_bias=True,
         moe_router_topk=hf.num_experts_per_tok,
-        num_moe_experts=hf.n_routed_experts,
+        num_moe_experts=hf_field(hf, "num_experts"),
         moe_shared_expert_intermediate_size=hf.moe_intermediate_size * hf.n_shared_experts,
         moe_aux_loss_coeff=getattr(hf, "aux_loss_alpha", 0.001),
         moe_router_load_balancing_type="none",  # RL: no auxiliary loss
@@ -305,7 +305,7 @@ class MiniMaxM2Bridge(Qwen3MoEBridge):
             add_bias_linear=False,
             # The experts are intermediate_size wide; there is no dense MLP and no shared expert.
             moe_ffn_hidden_size=hf.intermediate_size,
-            num_moe_experts=hf.num_local_experts,
+            num_moe_experts=hf_field(hf, "num_experts"),
             moe_router_topk=hf.num_experts_per_tok,
             moe_router_score_function="sigmoid",
             moe_router_enable_expert_bias=True,
@@ -361,7 +361,7 @@ class Qwen3NextBridge(Qwen3MoEBridge):
             raise ValueError(
                 "--context-parallel-size > 1: megatron-core 0.16's gated delta net has no context parallel"
             )
-        moe = bool(getattr(hf, "num_experts", 0))
+        moe = bool(hf_field(hf, "num_experts"))
         if moe and not getattr(hf, "norm_topk_prob", True) and hf.num_experts_per_tok > 1:
             raise ValueError(
                 "norm_topk_prob=false in the HF config: Megatron's softmax router (top-k, then softmax) normalises"
@@ -386,7 +386,7 @@ class Qwen3NextBridge(Qwen3MoEBridge):
             sparse = set(getattr(hf, "mlp_only_layers", None) or [])
             step = getattr(hf, "decoder_sparse_step", 1) or 1
             args.update(
-                num_moe_experts=hf.num_experts,
+                num_moe_experts=hf_field(hf, "num_experts"),
                 moe_ffn_hidden_size=hf.moe_intermediate_size,
                 moe_router_topk=hf.num_experts_per_tok,
                 moe_router_score_function="softmax",
@@ -415,7 +415,7 @@ class Qwen3_5Bridge(Qwen3NextBridge):
     (the bridge's hf_config is the text config; the vision tower and MTP layers are not built)."""
 
     def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
-        text = getattr(hf_config, "text_config", None) or hf_config
+        text = text_config(hf_config)
         fix_hf_config(text)
         super().__init__(text, *args, **kwargs)
 

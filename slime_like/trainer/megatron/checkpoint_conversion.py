@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slime_like.core.hf_config import hf_field, hf_field_named
+
 if TYPE_CHECKING:  # torch is imported by the functions that need it: the tools' --help stays instant
     import torch
 
@@ -59,10 +61,7 @@ def mtp_layers_to_build(hf_config: Any, mtp_num_layers: int | None) -> int:
 
 
 def layout_problems(args: argparse.Namespace, hf_config: Any, world_size: int) -> list[str]:
-    """One message per parallel size the HF config or the process count cannot take."""
-    from slime_like.trainer.model_arguments import text_config
-
-    hf_config = text_config(hf_config)  # Qwen3.5: the language model's sizes
+    """One message per parallel size the HF config (outer or nested) or the process count cannot take."""
     tp, pp, ep = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size
     problems = []
     if world_size % (tp * pp):
@@ -76,18 +75,20 @@ def layout_problems(args: argparse.Namespace, hf_config: Any, world_size: int) -
         ("num_hidden_layers", "--pipeline-model-parallel-size", pp),
     ]
     for field, flag, size in checks:
-        value = getattr(hf_config, field, None)
+        value = hf_field(hf_config, field)
         if value is not None and value % size:
             problems.append(f"{field}={value} in the HF config is not divisible by {flag} {size}")
-    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None)
+    experts_field, experts = hf_field_named(hf_config, "num_experts")
     if ep > 1 and not experts:
         problems.append(f"--expert-model-parallel-size {ep} but the HF config has no experts")
     elif experts and experts % ep:
-        problems.append(f"the HF config's {experts} experts are not divisible by --expert-model-parallel-size {ep}")
-    vocab = args.make_vocab_size_divisible_by or hf_config.vocab_size
-    if vocab % tp:
         problems.append(
-            f"vocab_size={hf_config.vocab_size} in the HF config is not divisible by --tensor-model-parallel-size "
+            f"the HF config's {experts} experts ({experts_field}) are not divisible by --expert-model-parallel-size {ep}"
+        )
+    vocab_size = hf_field(hf_config, "vocab_size")
+    if (args.make_vocab_size_divisible_by or vocab_size) % tp:
+        problems.append(
+            f"vocab_size={vocab_size} in the HF config is not divisible by --tensor-model-parallel-size "
             f"{tp}: pass --make-vocab-size-divisible-by (a multiple of {tp})"
         )
     return problems

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from slime_like.core.hf_config import hf_field
+
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 
 # Flags accepted without effect on every machine: (flag, argparse kwargs, why).
@@ -189,7 +191,7 @@ def mtp_config_problems(args: argparse.Namespace, hf_config: Any) -> list[str]:
             f"--enable-mtp-training: MTP layers are trained for {', '.join(MTP_TRAINED_FAMILIES)} only, not "
             f"model_type {model_type!r} (without the flag its MTP layers are passed through unchanged)"
         ]
-    if not any(getattr(hf_config, f, None) for f in ("num_nextn_predict_layers", "mtp_num_hidden_layers")):
+    if not hf_field(hf_config, "mtp_num_layers"):
         return ["--enable-mtp-training: the checkpoint has no MTP layers (num_nextn_predict_layers is 0 or absent)"]
     return []
 

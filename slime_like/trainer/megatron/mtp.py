@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from buffer.train_data import TrainData
+from slime_like.core.hf_config import hf_field
 from slime_like.trainer.megatron import hf_weights
 from slime_like.trainer.megatron.flags import MTP_TRAINED_FAMILIES
 
@@ -149,11 +150,7 @@ def _provider_with_own_mtp_block(self, post_model_creation_callbacks: list) -> A
 
 def stored_mtp_layers(hf_config: Any) -> int:
     """The number of MTP layers an HF config declares (0 when none)."""
-    for field in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers"):
-        value = getattr(hf_config, field, None)
-        if value:
-            return int(value)
-    return 0
+    return int(hf_field(hf_config, "mtp_num_layers", 0))
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
