@@ -37,8 +37,8 @@ async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any],
     messages = plain_messages(_messages(body))
     tools = body.get("tools") or None
     parser = tool_parser(endpoint.ctx.args, tools, body.get("tool_choice"))
-    forced = tool_constraint(parser, body.get("tool_choice")) if parser is not None else {}
     tokenizer = endpoint.ctx.tokenizer
+    forced = tool_constraint(parser, body.get("tool_choice"), tokenizer) if parser is not None else {}
     prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
     feed = TextFeed(tokenizer, stream, body, parser) if stream is not None else None
     branch = endpoint.branch_for(conv, prompt_text)
@@ -127,8 +127,10 @@ def tool_parser(args: Any, tools: Any, tool_choice: Any) -> Any:
         raise EndpointError(400, f"`tools` or --sglang-tool-call-parser {name!r}: {exc}") from exc
 
 
-def tool_constraint(parser: Any, tool_choice: Any) -> dict[str, str]:
-    """The grammar SGLang's parser gives for tool_choice "required" or a named function (none for auto)."""
+def tool_constraint(parser: Any, tool_choice: Any, tokenizer: Any) -> dict[str, str]:
+    """The grammar SGLang's parser gives for tool_choice "required" or a named function (none for auto); a 400
+    naming the cause when the model's tool-call tag is not one special token of the tokenizer, which the model's
+    own grammar (a structural tag) needs: SGLang's grammar compiler would refuse it."""
     if tool_choice in (None, "auto", "none"):
         return {}
     from sglang.srt.entrypoints.openai.protocol import ToolChoice
@@ -141,6 +143,19 @@ def tool_constraint(parser: Any, tool_choice: Any) -> dict[str, str]:
     if constraint is None:
         raise EndpointError(400, f"`tool_choice` {tool_choice!r}: this tool-call parser cannot force a call")
     kind, value = constraint
+    # SGLang 0.5.15's grammar compiler reads a structural tag's triggers as special tokens.
+    triggers = getattr(value, "triggers", None) or [getattr(parser.detector, "bot_token", "").strip()]
+    special = set(getattr(tokenizer, "all_special_tokens", [])) | set(tokenizer.get_added_vocab())
+    missing = [t for t in triggers if kind == "structural_tag" and t and t not in special]
+    if missing:
+        pieces = len(tokenizer(missing[0], add_special_tokens=False)["input_ids"])
+        raise EndpointError(
+            400,
+            f"`tool_choice` {tool_choice!r} cannot be forced with this tokenizer: the tool-call grammar needs the tag "
+            f"{missing[0]!r} to be one special token, and this tokenizer splits it into {pieces} tokens. Use "
+            "tool_choice auto (or force the call's text with a `regex` in extra_body), or a checkpoint whose "
+            "tokenizer has the tag as a special token",
+        )
     value = value.model_dump(by_alias=True) if hasattr(value, "model_dump") else value
     return {kind: value if isinstance(value, str) else json.dumps(value)}
 

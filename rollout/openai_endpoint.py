@@ -33,7 +33,7 @@ from rollout import generate as gen
 from rollout import openai_chat as chat
 from rollout.context import RolloutContext
 from rollout.openai_session import ChatSession, Conversation, EndpointError, Turn, bridge_text, turn_end_text
-from rollout.sglang_client import OnIds
+from rollout.sglang_client import GenerateRefused, OnIds
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample
 from slime_like.core.secret import api_key
@@ -278,6 +278,8 @@ class OpenAIEndpoint:
         except gen.AbortedBeforeSending as exc:
             session.aborted = True
             raise EndpointError(503, "the rollout is aborting", "server_error") from exc
+        except GenerateRefused as exc:  # SGLang refused the request itself (4xx): the caller's to change
+            raise EndpointError(400, f"the engine refused this request: {exc}") from exc
         except (EngineError, RuntimeError) as exc:
             raise EndpointError(502, f"generation failed: {exc}", "server_error") from exc
         finally:
