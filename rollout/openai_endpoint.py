@@ -9,7 +9,8 @@ chat template once per turn and sent as `input_ids` to `/generate` through `roll
 
 A session is a `Conversation` of token-exact branches (rollout/openai_session.py): a call that does not extend the
 history it holds branches instead of being refused (`--openai-strict-history` refuses it, HTTP 400). Dialects:
-Chat Completions and Completions (rollout/openai_chat.py). `--rollout-max-response-len` bounds each branch's whole
+Chat Completions and Completions (rollout/openai_chat.py), OpenAI's Responses (rollout/openai_responses.py) and
+Anthropic's Messages (rollout/anthropic_messages.py). `--rollout-max-response-len` bounds each branch's whole
 response (model and inserted tokens), as for `plugins.tool_agent`.
 """
 
@@ -29,11 +30,13 @@ from typing import Any
 import httpx
 from aiohttp import web
 
+from rollout import anthropic_messages, openai_responses
 from rollout import generate as gen
 from rollout import openai_chat as chat
 from rollout.context import RolloutContext
 from rollout.openai_session import ChatSession, Conversation, EndpointError, Turn, bridge_text, turn_end_text
 from rollout.sglang_client import GenerateRefused, OnIds
+from rollout.ssl_context import share_default_ssl_context
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import Sample
 from slime_like.core.secret import api_key
@@ -50,6 +53,8 @@ Emit = Callable[[bytes], Awaitable[None]]
 _ROUTES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "chat/completions": (chat.complete_chat, chat.make_stream),
     "completions": (chat.complete_text, chat.make_stream),
+    "responses": (openai_responses.handler, openai_responses.make_stream),
+    "messages": (anthropic_messages.handler, anthropic_messages.make_stream),
 }
 
 
@@ -70,6 +75,7 @@ class OpenAIEndpoint:
 
     async def start(self) -> OpenAIEndpoint:
         """Serve on 127.0.0.1 on a free port."""
+        share_default_ssl_context()  # agents that build their own client per sample: rollout/ssl_context.py
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_get("/s/{sid}/v1/models", self._models)
         app.router.add_post("/s/{sid}/v1/{route:.+}", self._serve)
