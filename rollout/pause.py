@@ -9,7 +9,7 @@ test_pause_modes.py):
 - in_place: they stay where they are with their KV cache of the old weights and go on from there after it.
 Requests sent while paused wait in the server; /health hangs until the continue.
 
-A request that spans an update then holds tokens of two versions; its answer is streamed (rollout.sglang_client.
+A request that spans an update then holds tokens of two versions; its answer is streamed (rollout.sglang_stream.
 read_stream), which says the version of every token, only when this can happen (`streams_versions`): streaming
 costs throughput. Two server settings make those versions and the new weights exact (`server_args`, checked by
 `check_server_args`):

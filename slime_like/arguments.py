@@ -26,18 +26,17 @@ from slime_like.planner import (
     load_hf_config,
     make_plan,
 )
+from slime_like.trainer.algorithm_arguments import (
+    add_algorithm_arguments,
+    apply_routing_replay,
+    validate_algorithm_args,
+)
+from slime_like.trainer.checkpoint_arguments import add_checkpoint_arguments
 from slime_like.trainer.megatron.flags import add_training_arguments, mtp_config_problems, validate_training_args
 from slime_like.trainer.megatron.lora_flags import add_lora_arguments, validate_lora_args
 from slime_like.trainer.megatron.multi_lora_flags import validate_multi_lora_args
 from slime_like.trainer.model_arguments import add_model_arguments, check_against_hf_config, text_config
-from slime_like.trainer.training_arguments import (
-    add_algorithm_arguments,
-    add_checkpoint_arguments,
-    add_megatron_arguments,
-    apply_routing_replay,
-    validate_algorithm_args,
-    validate_megatron_args,
-)
+from slime_like.trainer.training_arguments import add_megatron_arguments, validate_megatron_args
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ class Status(enum.StrEnum):
     FAILED = "failed"
 
 
-# meta_info key of a streamed /generate answer (rollout.sglang_client.read_stream): [[version, tokens], ...] over
+# meta_info key of a streamed /generate answer (rollout.sglang_stream.read_stream): [[version, tokens], ...] over
 # its output tokens, each version as the server reported it.
 VERSION_SPANS_KEY = "weight_version_spans"
 NO_VERSION = -1  # a version span's version for tokens no known weight version generated

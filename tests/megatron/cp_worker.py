@@ -6,7 +6,7 @@ Megatron's local attention refuses CP > 1, so no transformer runs here: a positi
 (embedding -> tanh -> vocabulary projection) stands in for it, and every other step is the engine's:
 the zig-zag shard of "thd" micro-batches, log-probs and entropies of this rank's positions against the
 full sequences' targets, the autograd gather back to full per-sequence tensors, the loss share times
-engine.loss_rescale, Megatron's own forward_step_calc_loss (which multiplies by the CP size), and a
+schedule.loss_rescale, Megatron's own forward_step_calc_loss (which multiplies by the CP size), and a
 gradient average over DP x CP as Megatron's DDP does. Each rank saves its per-sequence outputs and the
 averaged gradients to OUT_DIR/rank{r}.pt; it also records the engine's refusal to build a model with CP
 on the local spec.
@@ -57,9 +57,10 @@ def main(out_dir: str, hf_dir: str) -> None:
     from megatron.core.pipeline_parallel.schedules import forward_step_calc_loss
 
     from slime_like.trainer.megatron import context_parallel as cp_lib
-    from slime_like.trainer.megatron.engine import MegatronTrainEngine, loss_rescale
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
     from slime_like.trainer.megatron.logprobs import logprobs_and_entropy
     from slime_like.trainer.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.schedule import loss_rescale
     from tests.megatron.common import fixed_batch, num_targets
 
     init_parallel(cp=2, seed=1234)

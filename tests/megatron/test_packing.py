@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_like.trainer.megatron.engine import choose_layout
 from slime_like.trainer.megatron.packing import pack, pad_multiple, split_for_dp, split_micro_batches
+from slime_like.trainer.megatron.schedule import choose_layout
 from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
 
 

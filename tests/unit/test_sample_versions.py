@@ -12,7 +12,7 @@ import pytest
 
 from rollout.generate import append_model_tokens
 from rollout.pause import server_args, streams_versions
-from rollout.sglang_client import GenerateRefused, read_stream
+from rollout.sglang_stream import GenerateRefused, read_stream
 from slime_like.core import slime_finder
 from slime_like.core.errors import EngineError
 from slime_like.core.sample import VERSION_SPANS_KEY

@@ -7,7 +7,7 @@ split the rollout, buffer/train_data.py) and per-sequence outputs stay on the ra
 sequences are packed into micro-batches of at most `max_tokens_per_micro_batch` tokens and run through
 Megatron's forward-backward schedule (1F1B when PP > 1).
 
-Micro-batch layout (packing.py): "thd" with Transformer Engine (one row, PackedSeqParams, each sequence
+Micro-batch layout (packing.py, schedule.py): "thd" with Transformer Engine (one row, PackedSeqParams, each sequence
 padded for sequence/context parallel), "packed" on Megatron's local spec (one row, block-diagonal mask);
 "padded" (a row per sequence) is the fallback, chosen with layout= or SLIME_LIKE_MICRO_BATCH_LAYOUT.
 With context parallel each CP rank runs its zig-zag share of every micro-batch and the per-sequence
@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -48,15 +47,18 @@ from slime_like.trainer.megatron import routing_replay as replay_lib
 from slime_like.trainer.megatron.cpu_compat import ON_CUDA, cuda_to_cpu
 from slime_like.trainer.megatron.logprobs import logprobs_and_entropy
 from slime_like.trainer.megatron.optimizer import OptimizerSettings, build_optimizer
-from slime_like.trainer.megatron.packing import (
-    MicroBatch,
-    pack,
-    pad_multiple,
-    padded_length,
-    split_for_dp,
-    split_micro_batches,
-)
+from slime_like.trainer.megatron.packing import MicroBatch, pad_multiple
 from slime_like.trainer.megatron.parallel import share_from_last_stage
+from slime_like.trainer.megatron.schedule import (
+    choose_layout,
+    loss_rescale,
+    merge_indexed,
+    micro_batch_data,
+    plan_micro_batches,
+    sum_dicts,
+)
+from slime_like.trainer.megatron.step_guard import all_finite, discard_grads
+from slime_like.trainer.megatron.value_head import value_head_callback, value_heads_hidden
 
 logger = logging.getLogger(__name__)
 
@@ -64,103 +66,11 @@ logger = logging.getLogger(__name__)
 LossFn = Callable[..., torch.Tensor | tuple[torch.Tensor, dict[str, Any]]]
 
 
-LAYOUT_ENV = "SLIME_LIKE_MICRO_BATCH_LAYOUT"
-
-
-def choose_layout(requested: str | None, transformer_engine: bool) -> str:
-    """The micro-batch layout: requested (or $SLIME_LIKE_MICRO_BATCH_LAYOUT), else "thd" with TE, "packed" without."""
-    requested = requested or os.environ.get(LAYOUT_ENV) or None
-    # TE's causal attention ignores an explicit mask (no "packed"); Megatron's local attention refuses
-    # PackedSeqParams (no "thd").
-    allowed = ("thd", "padded") if transformer_engine else ("packed", "padded")
-    if requested is None:
-        return allowed[0]
-    if requested not in allowed:
-        backend = "Transformer Engine" if transformer_engine else "Megatron's local attention (no CUDA/TE)"
-        raise ValueError(f"micro-batch layout {requested!r} ({LAYOUT_ENV}) does not work with {backend}: use {allowed}")
-    return requested
-
-
-def loss_rescale(num_microbatches: int) -> int:
-    """What a loss share is multiplied by so that Megatron's scaling leaves the plain sum of shares.
-
-    Megatron's schedule multiplies a (loss, metrics) result by the CP size and divides it by
-    num_microbatches (forward_step_calc_loss); DDP averages gradients over DP x CP. So: x num_mb x DP.
-    """
-    from megatron.core import parallel_state as mpu
-
-    dp_cp = mpu.get_data_parallel_world_size(with_context_parallel=True)
-    return num_microbatches * dp_cp // mpu.get_context_parallel_world_size()
-
-
-def _merge_indexed(parts: list[dict[int, Any]]) -> dict[int, Any]:
-    """Per-sequence outputs of several ranks, by batch index, in one dict."""
-    return {i: v for part in parts for i, v in part.items()}
-
-
-def _max_over_dp(count: int, device: torch.device) -> int:
-    """The largest `count` of the DP ranks (each plans its own share; the schedule needs one micro-batch count)."""
-    from megatron.core import parallel_state as mpu
-
-    if mpu.get_data_parallel_world_size() == 1:
-        return count
-    box = torch.tensor([count], dtype=torch.int64, device=device)
-    torch.distributed.all_reduce(box, op=torch.distributed.ReduceOp.MAX, group=mpu.get_data_parallel_group())
-    return int(box.item())
-
-
-def _sum_dicts(parts: list[dict[str, float]]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for part in parts:
-        for key, value in part.items():
-            total[key] = total.get(key, 0.0) + value
-    return total
-
-
-def _value_head(model, pre_process, post_process, config, hf_config) -> None:
-    """mbridge post-creation callback: replace the output layer by a zero-initialised hidden -> 1 linear.
-
-    Zero init makes every rank's head identical without relying on RNG state, and the first values 0.
-    mbridge's load_weights skips a [1, hidden] output layer, so the trunk still loads from HF.
-    """
-    from mbridge.utils.post_creation_callbacks import make_value_model
-
-    make_value_model(model, pre_process, post_process, config, hf_config)
-    if post_process:
-        torch.nn.init.zeros_(model.output_layer.weight)
-
-
-@contextmanager
-def _value_heads_hidden(model: list[torch.nn.Module]) -> Iterator[None]:
-    """Hide value heads from state_dict while HF weights load: mbridge would map them to the LM head
-    (or, with tied embeddings, load the embedding twice and fail); they keep their zero init."""
-    hidden = []
-    for chunk in model:
-        while hasattr(chunk, "module"):
-            chunk = chunk.module
-        if getattr(chunk, "output_layer", None) is not None:
-            hidden.append((chunk, chunk.output_layer))
-            chunk.output_layer = None
-    try:
-        yield
-    finally:
-        for chunk, head in hidden:
-            chunk.output_layer = head
-
-
 def _model_config(chunk: torch.nn.Module) -> Any:
     """The TransformerConfig of a model chunk (its MoE sizes: layers, top-k, experts)."""
     from megatron.core.utils import get_model_config
 
     return get_model_config(chunk)
-
-
-def _micro_batch(data: TrainData | Sequence[Any], indices: list[int], device: torch.device) -> Any:
-    """A loss function's data of one micro-batch: a training batch's rows at `indices`, their tensors on the logits'
-    device (the trainer makes them on the CPU), or those items of a plain per-sequence list."""
-    if isinstance(data, TrainData):
-        return data.select(indices).to(device)
-    return [data[i] for i in indices]
 
 
 class MegatronTrainEngine:
@@ -204,7 +114,7 @@ class MegatronTrainEngine:
             raise ValueError(
                 f"--context-parallel-size {self.cp_size} needs the 'thd' micro-batch layout, not {self.layout!r}"
             )
-        callbacks = [_value_head] if value_head else []
+        callbacks = [value_head_callback] if value_head else []
         self.lora = lora
         if lora is not None:  # adapters are added and the base frozen before DDP builds its gradient buffers
             sequence_parallel = bool(getattr(self.bridge.config, "sequence_parallel", False))
@@ -225,7 +135,7 @@ class MegatronTrainEngine:
         distributed_optimizer = optimizer is not None and optimizer.use_distributed_optimizer
         self.model = model_lib.build_model(self.bridge, optimizer is not None, distributed_optimizer)
         self.mtp = mtp_lib.MTPTraining(self.model, mtp_layers, mtp_loss_scaling_factor) if mtp_layers else None
-        with _value_heads_hidden(self.model) if value_head else nullcontext():
+        with value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
         self.optimizer = self.scheduler = None
         self.skipped_steps_total = 0  # optimizer steps skipped for a non-finite loss or gradient
@@ -263,7 +173,7 @@ class MegatronTrainEngine:
         with torch.no_grad():
             stores = self._run(sequences, collect, forward_only=True, replay=self._replay(routing), local=local)
         outputs = {i: v for store in stores for i, v in store.items()}
-        merged = share_from_last_stage(outputs, _merge_indexed, over_dp=not local)
+        merged = share_from_last_stage(outputs, merge_indexed, over_dp=not local)
         logprobs = [merged[i][0] for i in range(len(sequences))]
         return (logprobs, [merged[i][1] for i in range(len(sequences))]) if with_entropy else logprobs
 
@@ -281,7 +191,7 @@ class MegatronTrainEngine:
             collect = partial(self._collect, with_entropy=False)
             stores = self._run(sequences, collect, forward_only=True, replay=replay, local=local)
         outputs = {i: v for store in stores for i, v in store.items()}
-        merged = share_from_last_stage(outputs, _merge_indexed, over_dp=not local)
+        merged = share_from_last_stage(outputs, merge_indexed, over_dp=not local)
         # Each rank recorded its DP share's sequences for its pipeline stage's layers: every rank gets them all
         # (local: its share's, from every stage).
         parts = [replay.local_recorded()]
@@ -344,12 +254,12 @@ class MegatronTrainEngine:
         for store in stores:
             for key, value in store.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
-        if self._finite(totals.get("loss", 0.0)):
+        if all_finite(self.model, totals.get("loss", 0.0), self.device):
             with cuda_to_cpu():
                 ok, grad_norm, _ = self.optimizer.step()
         else:
             ok, grad_norm = False, math.nan
-            self._discard_grads()
+            discard_grads(self.model, self.optimizer)
         lr = self.optimizer.param_groups[0]["lr"]
         if ok:
             self.scheduler.step(1)
@@ -361,7 +271,7 @@ class MegatronTrainEngine:
                 totals.get("loss"),
                 self.skipped_steps_total,
             )
-        metrics = share_from_last_stage(totals, _sum_dicts)
+        metrics = share_from_last_stage(totals, sum_dicts)
         metrics.update(
             grad_norm=float(grad_norm if grad_norm is not None else 0.0),
             lr=float(lr),
@@ -369,37 +279,6 @@ class MegatronTrainEngine:
             skipped_steps=float(not ok),
         )
         return metrics
-
-    def _finite(self, local_loss: float) -> bool:
-        """Whether the loss and every gradient are finite on every rank (one all-reduce: all ranks decide alike)."""
-        bad = torch.zeros(1, device=self.device)
-        if not math.isfinite(local_loss):
-            bad += 1
-        for grad in self._grads():
-            # A sum is NaN/inf when any entry is (fp32 overflow of a sum needs gradients near 1e30: skip those too).
-            bad += (~torch.isfinite(torch.sum(grad, dtype=torch.float32))).float()
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        return bad.item() == 0
-
-    def _grads(self) -> Iterator[torch.Tensor]:
-        """This rank's gradients: the DDP grad buffers (main_grad), else each parameter's grad."""
-        for m in self.model:
-            buffers = getattr(m, "buffers", None)  # megatron DDP's list of grad buffers (shadows Module.buffers)
-            if isinstance(buffers, list):
-                yield from (b.grad_data for b in buffers + list(getattr(m, "expert_parallel_buffers", [])))
-                continue
-            for p in m.parameters():
-                grad = getattr(p, "main_grad", None)
-                grad = p.grad if grad is None else grad
-                if grad is not None:
-                    yield grad
-
-    def _discard_grads(self) -> None:
-        """Zero the gradients of a skipped step (the next step zeroes them too: this keeps NaN out of offload)."""
-        for m in self.model:
-            m.zero_grad_buffer()
-        self.optimizer.zero_grad()
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (hf_name, full tensor) on every rank (gathered over TP/PP; views of live params)."""
@@ -447,26 +326,10 @@ class MegatronTrainEngine:
     # ---- internals ----
 
     def _plan(self, sequences: Sequence[Sequence[int] | torch.Tensor], local: bool = False) -> list[MicroBatch]:
-        """This DP rank's micro-batches (local: of all `sequences`, its share); every DP rank gets the same count
-        (filler micro-batches)."""
-        from megatron.core import parallel_state as mpu
-
-        lengths = [len(s) for s in sequences]
-        if self.layout == "thd":  # budgets count the padding each sequence gets
-            lengths = [padded_length(n, self.pad_multiple) for n in lengths]
-        if local:
-            plans = [split_micro_batches(range(len(lengths)), lengths, self.max_tokens)]
-            count = _max_over_dp(max(1, len(plans[0])), self.device)
-        else:
-            shares = split_for_dp(lengths, mpu.get_data_parallel_world_size())
-            plans = [split_micro_batches(share, lengths, self.max_tokens) for share in shares]
-            count = max(1, *(len(p) for p in plans))
-        if len(self.model) > 1:  # the interleaved (VPP) schedule wants a multiple of PP micro-batches
-            pp = mpu.get_pipeline_model_parallel_world_size()
-            count = -(-count // pp) * pp
-        mine = plans[0 if local else mpu.get_data_parallel_rank()]
-        mine = mine + [[] for _ in range(count - len(mine))]
-        return [pack(sequences, ids, self.layout, self.pad_multiple) for ids in mine]
+        """This DP rank's micro-batches (schedule.plan_micro_batches)."""
+        return plan_micro_batches(
+            sequences, self.layout, self.pad_multiple, self.max_tokens, len(self.model), self.device, local
+        )
 
     def _shard(self, mb: MicroBatch) -> cp_lib.CPShard | None:
         """This CP rank's zig-zag share of a micro-batch (None without context parallel)."""
@@ -599,7 +462,7 @@ class MegatronTrainEngine:
         else:
             logprobs, entropy = self._outputs(mb, shard, logits, with_entropy, entropy_grad)
             kwargs = {"entropy": entropy} if with_entropy else {}
-            result = loss_fn(logprobs, _micro_batch(data, real, logits.device), **kwargs)
+            result = loss_fn(logprobs, micro_batch_data(data, real, logits.device), **kwargs)
             share, metrics = result if isinstance(result, tuple) else (result, {})
         reported = {"loss": share.detach(), **{k: torch.as_tensor(v).detach() for k, v in metrics.items()}}
         return share * loss_rescale(num_mb), reported
