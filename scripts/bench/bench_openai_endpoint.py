@@ -10,8 +10,10 @@ by `plugins.openai_agent.run_openai_agent` (per turn: a call to the endpoint, th
 tokenised, then the same /generate), with four clients (PATHS): the OpenAI SDK from
 `plugins.openai_agent.openai_client`, answered in process (the figure); the same SDK over HTTP on the endpoint's
 connection pool; no SDK, aiohttp posting the JSON over HTTP (what the endpoint itself costs); a plain
-`openai.AsyncOpenAI` per sample (an SSL context each). With --turns > 1 every path continues the conversation with a
-fixed user turn. `ignore_eos` makes all generate exactly --gen-tokens per turn. Printed per path: tokens/s, the
+`openai.AsyncOpenAI` per sample (the SSL context shared: rollout/ssl_context.py). With --turns > 1 every path
+continues the conversation with a fixed user turn, and one more path rewrites the history it sends back (each reply
+with a character changed at its end, as frameworks re-serialise turns), so every turn after the first branches the
+session (rollout/openai_session.py). Printed also: sessions (samples) per second. `ignore_eos` makes all generate exactly --gen-tokens per turn. Printed per path: tokens/s, the
 median of per-round ratios to native (the figure: the "endpoint" row, goal >= 0.9), and this process's CPU time per
 turn, which the load of a shared machine disturbs far less than wall-clock throughput.
 """
@@ -36,6 +38,7 @@ GOAL = 0.9
 # HTTP on the endpoint's pool, a plain `openai.AsyncOpenAI` per sample, or no SDK (aiohttp posting the JSON).
 PATHS = {"endpoint": "in-process", "endpoint, SDK over HTTP": "http", "endpoint, raw HTTP": "raw"}
 PATHS["endpoint, own AsyncOpenAI"] = "own"
+BRANCHING = {"endpoint, history rewritten": "rewrite"}  # with --turns > 1
 NEXT_TURN = "go on"
 
 
@@ -82,14 +85,17 @@ async def _endpoint(ctx: Any, messages: list[list[dict]], params: dict, turns: i
         if client == "own":
             sdk = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         else:
-            sdk = openai_client(base_url, api_key, in_process=client == "in-process", max_retries=0)
+            sdk = openai_client(base_url, api_key, in_process=client in ("in-process", "rewrite"), max_retries=0)
         async with sdk:
             chat = list(sample.prompt)
             for _ in range(turns):
                 reply = await sdk.chat.completions.create(
                     model="policy", messages=chat, max_tokens=params["max_new_tokens"], extra_body={"ignore_eos": True}
                 )
-                chat += [{"role": "assistant", "content": reply.choices[0].message.content}]
+                content = reply.choices[0].message.content or ""
+                if client == "rewrite":  # the history sent back is not what was sampled: a branch each turn
+                    content = content[:-1] + ("." if content[-1:] != "." else ",")
+                chat += [{"role": "assistant", "content": content}]
                 chat += [{"role": "user", "content": NEXT_TURN}]
 
     async def raw_agent(base_url: str, api_key: str, sample: Sample) -> None:
@@ -105,11 +111,12 @@ async def _endpoint(ctx: Any, messages: list[list[dict]], params: dict, turns: i
     budget = {**params, "max_new_tokens": turns * params["max_new_tokens"] * 4}  # the whole conversation's room
     agent = raw_agent if client == "raw" else sdk_agent
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await asyncio.gather(*(run_openai_agent(ctx, s, budget, agent, timeout=600) for s in samples))
+        runs = await asyncio.gather(*(run_openai_agent(ctx, s, budget, agent, timeout=600) for s in samples))
     failed = [s.metadata.get("agent_error") for s in samples if s.status.value == "failed"]
     if failed:
         raise RuntimeError(f"{len(failed)} agents failed, e.g. {failed[0]}")
-    return sum(sum(s.loss_mask) for s in samples)  # the model's tokens only
+    branches = [b for run in runs for b in (run if isinstance(run, list) else [run])]
+    return sum(sum(s.loss_mask) for s in branches)  # the model's tokens only, each once
 
 
 async def _round(path: str, run_args: Any, tokenizer: Any, url: str, messages: list, args: argparse.Namespace):
@@ -128,7 +135,7 @@ async def _round(path: str, run_args: Any, tokenizer: Any, url: str, messages: l
         if path == "native":
             tokens = await _native(ctx, messages, params, args.turns)
         else:
-            tokens = await _endpoint(ctx, messages, params, args.turns, PATHS[path])
+            tokens = await _endpoint(ctx, messages, params, args.turns, {**PATHS, **BRANCHING}[path])
         return tokens, time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             f"the router; {args.rounds} rounds per path, alternating, after a warm-up of each",
             flush=True,
         )
-        paths = ["native", *PATHS]
+        paths = ["native", *PATHS, *(BRANCHING if args.turns > 1 else [])]
         results: dict[str, list[float]] = {p: [] for p in paths}
         cpu: dict[str, list[float]] = {p: [] for p in paths}
         for p in paths:
@@ -172,11 +179,14 @@ def main(argv: list[str] | None = None) -> None:
                 results[p].append(tokens / elapsed)
                 cpu[p].append(1000 * used / calls)
         print(
-            f"{'path':<27}{'tok/s':>7}{'/ native':>10}{'CPU ms/turn':>13}   (this process: rollout + agents + endpoint)"
+            f"{'path':<31}{'tok/s':>7}{'/ native':>10}{'CPU ms/turn':>13}{'sessions/s':>12}"
+            "   (CPU: this process, rollout + agents + endpoint)"
         )
+        per_session = args.turns * args.gen_tokens
         for p in paths:
             ratio = median([e / n for e, n in zip(results[p], results["native"], strict=True)])
-            print(f"  {p:<25}{median(results[p]):7.0f}{ratio:10.3f}{median(cpu[p]):13.2f}", end="")
+            rate = median(results[p]) / per_session
+            print(f"  {p:<29}{median(results[p]):7.0f}{ratio:10.3f}{median(cpu[p]):13.2f}{rate:12.1f}", end="")
             print(f"   rounds: {' '.join(f'{v:.0f}' for v in results[p])}")
         ratio = median([e / n for e, n in zip(results["endpoint"], results["native"], strict=True)])
         print(
