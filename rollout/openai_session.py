@@ -204,6 +204,9 @@ class Conversation:
     branches: list[ChatSession] = field(default_factory=list)
     last: ChatSession | None = None  # the branch of the latest call: the agent's final state
     closed: bool = False
+    # Responses API (rollout/openai_responses.py): each stored response's id -> (its previous_response_id, the
+    # items it was given and answered), so that a call naming it continues them.
+    responses: dict[str, tuple[str | None, list[dict[str, Any]]]] = field(default_factory=dict, repr=False)
 
     @property
     def turns(self) -> list[Turn]:

@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 from slime.utils.types import Sample, Status
 
+from rollout.anthropic_messages import flatten_content  # noqa: F401  # slime's name for it, here
 from rollout.context import current_context
 from rollout.openai_endpoint import OpenAIEndpoint, _error
 from rollout.openai_session import Conversation, EndpointError
@@ -48,30 +49,6 @@ class Session:
     conversation: Conversation  # the branches its calls made (rollout/openai_session.py)
     max_context_tokens: int = 0
     inflight: set[asyncio.Task[Any]] = dataclasses.field(default_factory=set)  # turns running on `loop`
-
-
-def flatten_content(c: Any) -> str:
-    """A wire content value (a string, or OpenAI/Anthropic blocks) as chat-template text: text blocks and tool
-    results joined with newlines, images as `[image omitted]`."""
-    if c is None:
-        return ""
-    if isinstance(c, str):
-        return c
-    if not isinstance(c, list):
-        return str(c)
-    parts = []
-    for b in c:
-        if not isinstance(b, dict):
-            parts.append(str(b))
-        elif b.get("type") in {"text", "input_text", "output_text"}:
-            parts.append(b.get("text", ""))
-        elif b.get("type") in {"image", "image_url", "input_image"}:
-            parts.append("[image omitted]")
-        elif "content" in b:
-            parts.append(flatten_content(b.get("content")))
-        elif "text" in b:
-            parts.append(str(b.get("text") or ""))
-    return "\n".join(p for p in parts if p)
 
 
 def tool_call_dict(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
