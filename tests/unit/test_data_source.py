@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# reasoning_gym imports matplotlib, whose first import on a machine builds its font cache by running `fc-list`: done
+# here, at collection, before the unit tier's no-subprocess guard (tests/unit/conftest.py) is in place.
+import matplotlib.font_manager  # noqa: F401
 import pytest
 
 from buffer.buffer import Buffer
