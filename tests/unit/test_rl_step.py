@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from buffer.group_rewards import RewardShaping, shape_rewards
-from buffer.train_data import RankShare, TrainData, split_by_dp
+from buffer.train_data import RankShare, RolloutSummary, TrainData, split_by_dp
 from slime_like.trainer.algorithms.advantages import AdvantageInputs
 from slime_like.trainer.algorithms.loss import policy_loss_fn
-from slime_like.trainer.algorithms.rl_step import Forwards, OneRank, RLStep
+from slime_like.trainer.algorithms.off_policy import mismatch_sums
+from slime_like.trainer.algorithms.rl_step import Forwards, OneRank, RLStep, per_sample_sums
 from slime_like.trainer.algorithms.slime_contract import slime_advantage_hook, slime_batch
 from slime_like.trainer.algorithms.slime_lists import apply_slime_lists, slime_lists
 from slime_like.trainer.algorithms.step_hooks import StepHooks
@@ -186,3 +187,60 @@ def test_two_ranks_compute_what_one_does(custom: bool) -> None:
         assert part_metrics == pytest.approx(metrics)
         for advantages, i in zip(part.advantages, share.rows, strict=True):
             assert torch.allclose(advantages, batch.advantages[i])
+
+
+def _metrics_sample_by_sample(args: Any, advantages, masks, old_lp, rollout_lp, is_weights) -> dict[str, float]:
+    """The rollout metrics as RLStep computed them before, one sample at a time (one rank)."""
+    counts = [float(m.sum()) for m in masks]
+    tokens = max(1.0, sum(counts))
+    mean = sum(float((a * m).sum()) for a, m in zip(advantages, masks, strict=True)) / tokens
+    var = sum(float((((a - mean) ** 2) * m).sum()) for a, m in zip(advantages, masks, strict=True)) / tokens
+    metrics = {"train/advantage_mean": mean, "train/advantage_std": var**0.5}
+    parts = [
+        {} if r is None else mismatch_sums(o, r, m, args.mis_low, args.mis_high)
+        for o, r, m in zip(old_lp, rollout_lp, masks, strict=True)
+    ]
+    n = max(1.0, sum(c for c, r in zip(counts, rollout_lp, strict=True) if r is not None))
+    for key, name in (("abs_diff", "logprob_abs_diff"), ("kl", "kl"), ("out_of_band", "out_of_band_frac")):
+        metrics[f"train/train_rollout_{name}"] = sum(p.get(key, 0.0) for p in parts) / n
+    metrics["train/is_weight_mean"] = sum(float((w * m).sum()) for w, m in zip(is_weights, masks, strict=True)) / tokens
+    metrics["train/is_dropped_frac"] = (
+        sum(float(((w == 0).float() * m).sum()) for w, m in zip(is_weights, masks, strict=True)) / tokens
+    )
+    return metrics
+
+
+def test_rollout_metrics_add_exactly_as_sample_by_sample() -> None:
+    # Whole-share sums (per_sample_sums) must give the per-sample loop's floats bit for bit, at any lengths.
+    gen = torch.Generator().manual_seed(0)
+    lengths = [int(n) for n in torch.randint(0, 70, (96,), generator=gen)] + [8] * 32 + [1, 33, 200]
+    masks = [(torch.rand(n, generator=gen) < 0.8).float() for n in lengths]
+    advantages = [torch.randn(n, generator=gen) * m for n, m in zip(lengths, masks, strict=True)]
+    old_lp = [-torch.rand(n, generator=gen) * 5 for n in lengths]
+    rollout_lp = [None if i % 7 == 3 else o + torch.randn(len(o), generator=gen) * 0.3 for i, o in enumerate(old_lp)]
+    is_weights = [torch.clamp(torch.randn(n, generator=gen) + 1, min=0) for n in lengths]
+    args = _args()
+    share = RankShare(
+        TrainData(tokens=[[0]] * len(lengths), loss_masks=[m.tolist() for m in masks]),
+        list(range(len(lengths))),
+        [],
+        [],
+        RolloutSummary(len(lengths)),
+    )
+    got = RLStep(args, StepHooks(policy_loss_fn(args, (None, None))), OneRank())._rollout_metrics(
+        share, advantages, masks, old_lp, rollout_lp, is_weights, True
+    )
+    assert got == _metrics_sample_by_sample(args, advantages, masks, old_lp, rollout_lp, is_weights)
+
+
+def test_per_sample_sums_are_each_samples_own_sum() -> None:
+    gen = torch.Generator().manual_seed(1)
+    lengths = [5, 0, 17, 5, 64, 3, 17]
+    parts = [torch.randn(n, generator=gen) * 10 for n in lengths]
+    doubles = [p.double() for p in parts]
+    sums = per_sample_sums([torch.cat(parts), torch.cat(doubles)], lengths)
+    assert sums == [[float(p.sum()) for p in parts], [float(p.sum()) for p in doubles]]
+    with pytest.raises(ValueError, match="advantages"):
+        RLStep(_args(), StepHooks(policy_loss_fn(_args(), (None, None))), OneRank())._rollout_metrics(
+            _share(), [torch.zeros(2)] * 4, _share().data.masks(), [torch.zeros(1)] * 4, [None] * 4, None, False
+        )

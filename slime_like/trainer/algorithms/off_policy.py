@@ -62,14 +62,22 @@ def decoupled_weights(log_ratio: torch.Tensor, cap: float | None) -> torch.Tenso
     return torch.where(rho <= cap, rho, torch.zeros_like(rho))
 
 
+MISMATCH_KEYS = ("abs_diff", "kl", "out_of_band")  # mismatch_terms' order
+
+
+def mismatch_terms(
+    train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per masked token: |d|, the k3 KL(mu || pi) term and the out-of-band indicator (element-wise, so one call
+    covers any number of samples laid end to end)."""
+    d = (train_log_probs - rollout_log_probs).float()
+    rho = torch.exp(d)
+    return d.abs() * mask, (rho - 1 - d) * mask, ((rho < low) | (rho > high)).float() * mask
+
+
 def mismatch_sums(
     train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, low: float, high: float
 ) -> dict[str, float]:
     """Sums over one sample's masked tokens of |d|, k3 KL(mu || pi) and out-of-band indicators."""
-    d = (train_log_probs - rollout_log_probs).float()
-    rho = torch.exp(d)
-    return {
-        "abs_diff": float((d.abs() * mask).sum()),
-        "kl": float(((rho - 1 - d) * mask).sum()),
-        "out_of_band": float((((rho < low) | (rho > high)).float() * mask).sum()),
-    }
+    terms = mismatch_terms(train_log_probs, rollout_log_probs, mask, low, high)
+    return {key: float(t.sum()) for key, t in zip(MISMATCH_KEYS, terms, strict=True)}
