@@ -161,18 +161,6 @@ def from_chat(
 # --- the handler -------------------------------------------------------------------------------------------------
 
 
-def _matched_stop(conv: Conversation, answer: dict[str, Any]) -> Any:
-    """The stop string or token that ended the turn: the answer's `matched_stop`, else SGLang's finish reason of
-    the branch's last turn (the one just generated)."""
-    choice = answer["choices"][0]
-    if "matched_stop" in choice:
-        return choice["matched_stop"]
-    branch = conv.last
-    if branch is None or not branch.turns:
-        return None
-    return (branch.turns[-1].meta_info.get("finish_reason") or {}).get("matched")
-
-
 async def handler(
     endpoint: Any, conv: Conversation, body: dict[str, Any], stream: MessagesStream | None = None
 ) -> dict[str, Any]:
@@ -184,7 +172,9 @@ async def handler(
     chat_body = to_chat(body, shows_reasoning(endpoint.ctx.tokenizer))
 
     def finalize(answer: dict[str, Any]) -> dict[str, Any]:
-        return from_chat(body, answer, stream.id if stream is not None else None, _matched_stop(conv, answer))
+        return from_chat(
+            body, answer, stream.id if stream is not None else None, answer["choices"][0].get("matched_stop")
+        )
 
     if stream is None:
         return finalize(await chat.complete_chat(endpoint, conv, chat_body))

@@ -63,7 +63,15 @@ async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any],
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model") or endpoint.model_name(),
-        "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
+        "choices": [
+            {
+                "index": 0,
+                "message": reply,
+                "finish_reason": finish,
+                "logprobs": None,
+                "matched_stop": reason.get("matched"),
+            }
+        ],  # fmt: skip
         "usage": usage(input_ids, ids),
     }
     if feed is not None:
