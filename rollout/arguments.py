@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from buffer.arguments import resolve_num_rollout
+from rollout.eval_config import resolve_eval_datasets
 
 # Built-in reward types of --rm-type (rollout/rewards.py maps each name to its scorer).
 RM_TYPES = ("math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote")
@@ -240,23 +240,6 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def eval_datasets(values: list[str] | None) -> list[tuple[str, str]]:
-    """(name, path) pairs of --eval-prompt-data: one bare path is named after its file stem."""
-    if not values:
-        return []
-    if len(values) == 1:
-        return [(Path(values[0]).stem, values[0])]
-    if len(values) % 2:
-        raise ValueError(
-            f"--eval-prompt-data takes one path or NAME PATH pairs; got {len(values)} values: {' '.join(values)}"
-        )
-    pairs = list(zip(values[::2], values[1::2], strict=True))
-    names = [n for n, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--eval-prompt-data: dataset names must be unique, got {names}")
-    return pairs
-
-
 def validate_rollout_args(args: argparse.Namespace) -> None:
     """Fill rollout defaults, reject contradictions and load every plugin (raises ValueError naming the flag)."""
     if not args.prompt_data and not args.data_source_path:
@@ -311,11 +294,9 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
             "in the run with --sglang-config"
         )
     resolve_num_rollout(args)
-    if args.eval_config:
-        apply_eval_config(args)
     if args.n_samples_per_eval_prompt < 1:
         raise ValueError("--n-samples-per-eval-prompt must be at least 1")
-    args.eval_datasets = eval_datasets(args.eval_prompt_data)
+    resolve_eval_datasets(args, RM_TYPES)  # --eval-config or --eval-prompt-data: eval_datasets, each one's config
     if args.eval_interval is not None and not args.eval_datasets:
         raise ValueError("--eval-interval needs eval datasets: --eval-prompt-data NAME PATH or --eval-config YAML")
     from rollout.hooks import load_hooks
@@ -353,63 +334,6 @@ def validate_fully_async_args(args: argparse.Namespace) -> None:
     # The SGLang flags that keep retract/in_place pauses exact (rollout/pause.py), for every engine started here.
     given = list(getattr(args, "sglang_server_args", None) or [])
     args.sglang_server_args = given + [f for f in server_args(args.pause_generation_mode) if f not in given]
-
-
-# --eval-config fields (slime's names) -> the flag each sets; the eval here applies one value to every dataset.
-EVAL_CONFIG_FIELDS = {
-    "temperature": "eval_temperature",
-    "top_p": "eval_top_p",
-    "top_k": "eval_top_k",
-    "max_response_len": "eval_max_response_len",
-    "n_samples_per_eval_prompt": "n_samples_per_eval_prompt",
-    "input_key": "eval_input_key",
-    "label_key": "eval_label_key",
-}
-
-
-def apply_eval_config(args: Any) -> None:
-    """Read slime's --eval-config: its datasets replace --eval-prompt-data; a field in `defaults` or on a dataset
-    sets the --eval-* flag it stands for (one value for every dataset here: differing ones are an error)."""
-    import yaml
-
-    path = args.eval_config
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"--eval-config {path}: cannot read it as YAML ({exc})") from None
-    section = data.get("eval", data) if isinstance(data, dict) else None
-    datasets = section.get("datasets") if isinstance(section, dict) else None
-    if isinstance(datasets, dict):
-        datasets = [{"name": name, **spec} for name, spec in datasets.items()]
-    if not datasets or not all(isinstance(d, dict) and d.get("name") and d.get("path") for d in datasets):
-        raise ValueError(f"--eval-config {path}: expected eval.datasets, a list of entries with a name and a path")
-    defaults = section.get("defaults") or {}
-    values: dict[str, dict[str, Any]] = {}  # field -> {dataset name: value}
-    for entry in datasets:
-        for field, value in {**defaults, **entry}.items():
-            if field in ("name", "path"):
-                continue
-            if field not in EVAL_CONFIG_FIELDS:
-                raise ValueError(
-                    f"--eval-config {path}: dataset {entry['name']!r} sets {field!r}, which this engine's eval does "
-                    f"not support (supported: name, path, {', '.join(EVAL_CONFIG_FIELDS)})"
-                )
-            values.setdefault(field, {})[entry["name"]] = value
-    for field, by_name in values.items():
-        if len(by_name) != len(datasets) and field not in defaults:
-            missing = sorted({d["name"] for d in datasets} - set(by_name))
-            raise ValueError(
-                f"--eval-config {path}: {field!r} is set for some datasets but not {missing}; the eval here applies "
-                "one value to every dataset: set it in eval.defaults"
-            )
-        if len({repr(v) for v in by_name.values()}) > 1:
-            raise ValueError(
-                f"--eval-config {path}: {field!r} differs between datasets ({by_name}); the eval here applies one "
-                "value to every dataset"
-            )
-        setattr(args, EVAL_CONFIG_FIELDS[field], next(iter(by_name.values())))
-    args.eval_prompt_data = [x for entry in datasets for x in (str(entry["name"]), str(entry["path"]))]
 
 
 def eval_data_keys(args: Any) -> tuple[str, str | None]:

@@ -15,8 +15,9 @@ import pytest
 
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
-from rollout.arguments import eval_datasets, validate_rollout_args
+from rollout.arguments import validate_rollout_args
 from rollout.context import RolloutContext
+from rollout.eval_config import eval_datasets
 from rollout.evaluation import ks_for, pass_at_k
 from rollout.filters import FilterResult, apply_dynamic_filter, check_reward_nonzero_std
 from rollout.hooks import RolloutHooks
