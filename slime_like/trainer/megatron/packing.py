@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
@@ -122,8 +123,21 @@ def split_micro_batches(indices: Sequence[int], lengths: Sequence[int], max_toke
     return [sorted(b) for b in bins]
 
 
+def _flat_tokens(
+    sequences: Sequence[Sequence[int] | torch.Tensor], indices: Sequence[int]
+) -> tuple[list[int], torch.Tensor]:
+    """The lengths of sequences[i] for i in indices, and their tokens laid end to end (int64); lists of ints are
+    joined before one tensor is made of them (a tensor per sequence cost ~2 us each, twice that on the CPU's
+    cuda-to-cpu mode)."""
+    chosen = [sequences[i] for i in indices]
+    if any(torch.is_tensor(s) for s in chosen):
+        seqs = [torch.as_tensor(s, dtype=torch.long).flatten() for s in chosen]
+        return [len(s) for s in seqs], torch.cat(seqs)
+    return [len(s) for s in chosen], torch.tensor(list(chain.from_iterable(chosen)), dtype=torch.long)
+
+
 def pack(
-    sequences: Sequence[torch.Tensor], indices: Sequence[int], layout: str = "packed", multiple: int = 1
+    sequences: Sequence[Sequence[int] | torch.Tensor], indices: Sequence[int], layout: str = "packed", multiple: int = 1
 ) -> MicroBatch:
     """Build one micro-batch from sequences[i] for i in indices in `layout` (see the module docstring).
 
@@ -131,19 +145,18 @@ def pack(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    seqs = [torch.as_tensor(sequences[i], dtype=torch.long).flatten() for i in indices]
-    if not seqs:
+    if not indices:
         # A filler micro-batch (one token) keeps micro-batch counts equal across DP ranks.
-        seqs, indices = [torch.zeros(1, dtype=torch.long)], [-1]
-    lengths = [len(s) for s in seqs]
-    n = len(seqs)
+        indices, lengths, flat_tokens = [-1], [1], torch.zeros(1, dtype=torch.long)
+    else:
+        lengths, flat_tokens = _flat_tokens(sequences, indices)
+    n = len(lengths)
     # Built with whole-tensor operations: a per-sequence loop cost ~4 ms per micro-batch of 40 sequences.
     length_t = torch.tensor(lengths)
     slot_t = length_t if layout != "thd" else -(-length_t // multiple) * multiple  # room each sequence takes
     segment_of = torch.repeat_interleave(torch.arange(n), length_t)  # sequence of each real token, flat
     offsets = torch.cumsum(slot_t, 0) - slot_t
     flat_positions = torch.arange(int(length_t.sum())) - (torch.cumsum(length_t, 0) - length_t)[segment_of]
-    flat_tokens = torch.cat(seqs)
     if layout == "padded":
         rows, starts, shape = list(range(n)), [0] * n, (n, padded_length(max(lengths), multiple))
         where = (segment_of, flat_positions)
@@ -159,10 +172,11 @@ def pack(
         cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(slot_t, 0).to(torch.int32)])
         return MicroBatch(list(indices), rows, starts, lengths, tokens, position_ids, None, cu_seqlens)
     position_ids = torch.zeros(shape, dtype=torch.long)
-    segment = torch.full(shape, -1, dtype=torch.long)
     position_ids[where] = flat_positions
-    segment[where] = segment_of
-    same = segment[:, :, None] == segment[:, None, :]
-    causal = torch.ones(shape[1], shape[1], dtype=torch.bool).tril()
-    allowed = same & causal & (segment >= 0)[:, :, None]
-    return MicroBatch(list(indices), rows, starts, lengths, tokens, position_ids, ~allowed[:, None])
+    # Position i of a sequence may attend to positions first..i of that sequence (first: where it starts in its
+    # row); padding attends to nothing (its first is past the row). Masked out = j > i or j < first.
+    first = torch.full(shape, shape[1], dtype=torch.long)
+    first[where] = where[1] - flat_positions
+    column = torch.arange(shape[1])
+    masked = (column[None, None, :] > column[None, :, None]) | (column[None, None, :] < first[:, :, None])
+    return MicroBatch(list(indices), rows, starts, lengths, tokens, position_ids, masked[:, None])
