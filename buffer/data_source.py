@@ -56,6 +56,7 @@ class PromptDataset:
         tool_key: str | None = None,
         tokenizer: Any = None,
         apply_chat_template: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
         max_prompt_len: int | None = None,
         skip_bad_rows: bool = False,
     ) -> None:
@@ -79,7 +80,7 @@ class PromptDataset:
                     messages = [{"role": "user", "content": messages}]
                 tools = prompt.metadata.get("tools") if tool_key else None
                 prompt.prompt = tokenizer.apply_chat_template(
-                    messages, tools=tools, tokenize=False, add_generation_prompt=True
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
                 )
             if tokenizer is not None and isinstance(prompt.prompt, str):
                 prompt.prompt_tokens = len(tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])

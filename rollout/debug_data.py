@@ -61,10 +61,20 @@ def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
         help="save each step's training data (the rollout as the trainer receives it) at this template with "
         "{rollout_id} (and slime's {rank}, the one writer's: 0)",
     )
+    g.add_argument(
+        "--dump-details",
+        default=None,
+        metavar="DIR",
+        help="slime's shorthand: --save-debug-rollout-data DIR/rollout_data/{rollout_id}.pt and "
+        "--save-debug-train-data DIR/train_data/{rollout_id}.pt",
+    )
 
 
 def validate_debug_args(args: Any) -> None:
     """slime's rules: loading dumps means train-only; the two -only modes exclude each other."""
+    if getattr(args, "dump_details", None) is not None:  # as slime's argument check sets them
+        args.save_debug_rollout_data = f"{args.dump_details}/rollout_data/{{rollout_id}}.pt"
+        args.save_debug_train_data = f"{args.dump_details}/train_data/{{rollout_id}}.pt"
     if args.load_debug_rollout_data is not None:
         if "{rollout_id}" not in args.load_debug_rollout_data:
             logger.info("--load-debug-rollout-data has no {rollout_id}: every rollout replays the same file")

@@ -12,6 +12,7 @@ from rollout.context import RolloutContext
 from rollout.generate import sampling_params_from_args
 from rollout.group import run_group
 from rollout.sglang_client import LORA_ADAPTER_KEY
+from rollout.slime_arguments import eval_reward_key
 from slime_like.core.sample import Sample, Status, scalar_reward
 
 
@@ -24,6 +25,8 @@ def eval_sampling_params(args: Any) -> dict[str, Any]:
             params[name] = value
     if args.eval_max_response_len:
         params["max_new_tokens"] = args.eval_max_response_len
+    if getattr(args, "eval_min_new_tokens", None) is not None:
+        params["min_new_tokens"] = args.eval_min_new_tokens
     return params
 
 
@@ -42,7 +45,8 @@ def ks_for(n: int) -> list[int]:
 def dataset_metrics(name: str, groups: list[list[Sample]], args: Any) -> dict[str, float]:
     """eval/<name>/reward_mean, pass@k, response length and truncation for one dataset."""
     samples = [s for g in groups for s in g]
-    rewards = [scalar_reward(s, args.reward_key) for s in samples]
+    reward_key = eval_reward_key(args)
+    rewards = [scalar_reward(s, reward_key) for s in samples]
     n = args.n_samples_per_eval_prompt
     metrics = {
         f"eval/{name}/reward_mean": statistics.fmean(rewards),
@@ -53,7 +57,7 @@ def dataset_metrics(name: str, groups: list[list[Sample]], args: Any) -> dict[st
     }
     for k in ks_for(n):
         per_prompt = [
-            pass_at_k(len(g), sum(scalar_reward(s, args.reward_key) >= args.eval_pass_threshold for s in g), k)
+            pass_at_k(len(g), sum(scalar_reward(s, reward_key) >= args.eval_pass_threshold for s in g), k)
             for g in groups
         ]
         metrics[f"eval/{name}/pass@{k}"] = statistics.fmean(per_prompt)
@@ -79,6 +83,6 @@ async def evaluate_datasets(
     metrics: dict[str, float] = {}
     for name, groups in by_name.items():
         metrics.update(dataset_metrics(name, groups, ctx.args))
-    rewards = [scalar_reward(s, ctx.args.reward_key) for g in every for s in g]
+    rewards = [scalar_reward(s, eval_reward_key(ctx.args)) for g in every for s in g]
     metrics["eval/reward_mean"] = statistics.fmean(rewards)  # over every dataset's samples
     return metrics, every

@@ -33,7 +33,7 @@ def sampling_params_from_args(args: Any) -> dict[str, Any]:
         "top_p": args.rollout_top_p,
         "top_k": args.rollout_top_k,
         "max_new_tokens": args.rollout_max_response_len,
-        "skip_special_tokens": False,
+        "skip_special_tokens": bool(getattr(args, "rollout_skip_special_tokens", False)),
         "no_stop_trim": True,
     }
     if args.rollout_stop:
@@ -218,6 +218,8 @@ async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[st
     # A partially generated sample continues where it stopped, within the same length budget.
     params["max_new_tokens"] = sampling_params["max_new_tokens"] - sample.response_length
     context = getattr(ctx.args, "rollout_max_context_len", None)
+    if "eval_dataset" in sample.metadata and getattr(ctx.args, "eval_max_context_len", None) is not None:
+        context = ctx.args.eval_max_context_len  # an eval sample (evaluation.py names its dataset)
     if context is not None:  # prompt + response within --rollout-max-context-len (tokens holds both so far)
         params["max_new_tokens"] = min(params["max_new_tokens"], context - len(sample.tokens))
     if params["max_new_tokens"] <= 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rollout.slime_arguments import eval_reward_key
 from rollout.slime_contract import slime_args
 from slime_like.core.sample import Sample, Status, scalar_reward
 
@@ -47,7 +48,7 @@ def log_eval(
     data: dict[str, dict[str, list[Any]]] = {}
     for sample in (s for g in groups for s in g):
         entry = data.setdefault(sample.metadata.get("eval_dataset", "eval"), {"rewards": [], "truncated": [], "samples": []})  # fmt: skip
-        entry["rewards"].append(scalar_reward(sample, args.reward_key))
+        entry["rewards"].append(scalar_reward(sample, eval_reward_key(args)))
         entry["truncated"].append(sample.status == Status.TRUNCATED)
         entry["samples"].append(sample)
     if fn(rollout_id, slime_args(args), data, dict(metrics)):

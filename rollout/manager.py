@@ -52,12 +52,25 @@ def load_dataset(args: Any, path: str, tokenizer: Any, evaluation: bool = False)
         input_key=input_key,
         label_key=label_key,
         metadata_key=args.metadata_key,
-        tool_key=None if evaluation else getattr(args, "tool_key", None),
+        tool_key=_tool_key(args, evaluation),
         tokenizer=tokenizer,
         apply_chat_template=args.apply_chat_template,
-        max_prompt_len=args.rollout_max_prompt_len,
+        chat_template_kwargs=getattr(args, "apply_chat_template_kwargs", None),
+        max_prompt_len=_max_prompt_len(args, evaluation),
         skip_bad_rows=args.skip_bad_rows,
     )
+
+
+def _tool_key(args: Any, evaluation: bool) -> str | None:
+    """The row key of tools: --tool-key; for eval datasets --eval-tool-key, else --tool-key (as slime)."""
+    tool_key = getattr(args, "tool_key", None)
+    return (getattr(args, "eval_tool_key", None) or tool_key) if evaluation else tool_key
+
+
+def _max_prompt_len(args: Any, evaluation: bool) -> int | None:
+    """Longer prompts are skipped: --rollout-max-prompt-len; for eval datasets --eval-max-prompt-len if given."""
+    eval_len = getattr(args, "eval_max_prompt_len", None) if evaluation else None
+    return eval_len if eval_len is not None else args.rollout_max_prompt_len
 
 
 def check_groups(groups: Any, flag: str) -> list[list[Sample]]:
@@ -218,10 +231,10 @@ class RolloutManager:
         if self.args.load_debug_rollout_data is not None:
             args = self.args
             groups = load_rollout_data(args.load_debug_rollout_data, rollout_id, args.load_debug_rollout_data_subsample)
-            return self._finish(rollout_id, groups, rollout_metrics(groups, args.reward_key))
+            return self._finish(rollout_id, groups, rollout_metrics(groups, args.reward_key, args=args))
         start = time.monotonic()
         groups, counters = self._run_checked(_rollout(self, rollout_id), f"rollout {rollout_id}")
-        metrics = rollout_metrics(groups, self.args.reward_key)
+        metrics = rollout_metrics(groups, self.args.reward_key, args=self.args)
         default_keys = set(metrics)
         elapsed = time.monotonic() - start
         metrics.update({f"rollout/{k}": v for k, v in counters.items()})
@@ -336,7 +349,7 @@ class RolloutManager:
             raise
         for key, n in self.hooks.reward.drain_counters().items():
             metrics[f"rollout/{key}"] = metrics.get(f"rollout/{key}", 0) + n
-        metrics.update(rollout_metrics(groups, self.args.reward_key))
+        metrics.update(rollout_metrics(groups, self.args.reward_key, args=self.args))
         metrics["rollout/trained_tokens"] = sum(s.response_length for g in groups for s in g if trainable(s))
         return self._finish(rollout_id, groups, metrics)
 

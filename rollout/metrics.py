@@ -15,8 +15,11 @@ def task_reward(sample: Sample, reward_key: str | None) -> float:
     return scalar_reward(sample, reward_key)
 
 
-def rollout_metrics(groups: list[list[Sample]], reward_key: str | None, prefix: str = "rollout") -> dict[str, Any]:
-    """Reward mean/std, response lengths, and the share of each finish status."""
+def rollout_metrics(
+    groups: list[list[Sample]], reward_key: str | None, prefix: str = "rollout", args: Any = None
+) -> dict[str, Any]:
+    """Reward mean/std, response lengths, and the share of each finish status; with `args`, what --log-passrate and
+    --log-reward-category ask for."""
     samples = [s for g in groups for s in g]
     rewards = [task_reward(s, reward_key) for s in samples]
     lengths = [s.response_length for s in samples]
@@ -33,4 +36,27 @@ def rollout_metrics(groups: list[list[Sample]], reward_key: str | None, prefix: 
         metrics[f"{prefix}/reward_processed_mean"] = statistics.fmean(scalar_reward(s, reward_key) for s in samples)
     for status in (Status.TRUNCATED, Status.ABORTED, Status.FAILED):
         metrics[f"{prefix}/{status.value}_rate"] = sum(s.status == status for s in samples) / n
+    if args is not None:
+        metrics.update(slime_log_metrics(groups, args, prefix))
+    return metrics
+
+
+def slime_log_metrics(groups: list[list[Sample]], args: Any, prefix: str = "rollout") -> dict[str, float]:
+    """--log-passrate: pass@k over each group (a sample passes at --eval-pass-threshold); --log-reward-category KEY:
+    the share of samples per value of reward[KEY] (slime's error_cat/<value>)."""
+    from rollout.evaluation import ks_for, pass_at_k
+
+    metrics: dict[str, float] = {}
+    sized = [g for g in groups if g]
+    if getattr(args, "log_passrate", False) and sized:
+        threshold = args.eval_pass_threshold
+        for k in ks_for(min(len(g) for g in sized)):
+            passed = [pass_at_k(len(g), sum(task_reward(s, args.reward_key) >= threshold for s in g), k) for g in sized]
+            metrics[f"{prefix}/pass@{k}"] = statistics.fmean(passed)
+    key = getattr(args, "log_reward_category", None)
+    samples = [s for g in groups for s in g]
+    if key is not None and samples:
+        categories = [s.reward.get(key) if isinstance(s.reward, dict) else None for s in samples]
+        for value in dict.fromkeys(categories):
+            metrics[f"error_cat/{value}"] = categories.count(value) / len(samples)
     return metrics

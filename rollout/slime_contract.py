@@ -24,14 +24,10 @@ from slime_like.core.sample import EXCLUDED_FROM_LOSS, Sample, Status, scalar_re
 # slime flags that have no counterpart here, with slime's defaults (read by plugins, never acted on).
 SLIME_DEFAULTS: dict[str, Any] = {
     "rollout_max_context_len": None,
-    "eval_max_context_len": None,
-    "eval_reward_key": None,
     "sglang_dp_size": None,
     "sglang_speculative_algorithm": None,
     "sglang_enable_deterministic_inference": False,
-    "rollout_skip_special_tokens": False,
     "rollout_global_dataset": True,
-    "use_distributed_post": False,
     "rewards_normalization": True,
     "calculate_per_token_loss": False,
     "log_probs_chunk_size": -1,
@@ -39,7 +35,6 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "recompute_loss_function": False,
     "use_opd": False,
     "get_mismatch_metrics": False,
-    "apply_chat_template_kwargs": None,
     "multimodal_keys": None,
     "tool_key": None,
 }

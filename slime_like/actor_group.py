@@ -41,6 +41,16 @@ class _RankInfo:
         return ip, free_port(ip)
 
 
+def trainer_env(options: dict[str, Any], args: Any) -> dict[str, Any]:
+    """A trainer rank's Ray options with slime's --train-env-vars added to its environment (they win)."""
+    extra = getattr(args, "train_env_vars", None) or {}
+    if not extra:
+        return options
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **extra}
+    return {**options, "runtime_env": runtime_env}
+
+
 class TrainGroup:
     """All trainer ranks; each call runs on every rank and returns rank 0's answer."""
 
@@ -57,7 +67,7 @@ class TrainGroup:
         ray.kill(probe)
         remote_cls = ray.remote(TrainActor)
         self.actors = [
-            remote_cls.options(**placement.trainer_options(rank)).remote(args, rank, addr, port)
+            remote_cls.options(**trainer_env(placement.trainer_options(rank), args)).remote(args, rank, addr, port)
             for rank in range(len(placement.trainer))
         ]
 
@@ -189,6 +199,10 @@ class TrainGroup:
     def save(self, directory: str, iteration: int = 0) -> None:
         """Collective Megatron checkpoint into directory, recording `iteration`."""
         self._all("save", directory, iteration)
+
+    def save_hf(self, directory: str) -> None:
+        """Collective export of the policy as an HF checkpoint into directory (--save-hf; rank 0 writes)."""
+        self._all("save_hf", directory)
 
     def load(self, directory: str, load_optimizer: bool = True, load_rng: bool = True) -> None:
         """Collective Megatron checkpoint load (optimizer and RNG states when asked and present)."""

@@ -16,6 +16,7 @@ from rollout.arguments import (
     validate_rollout_args,
 )
 from rollout.debug_data import add_debug_arguments, validate_debug_args
+from rollout.slime_arguments import add_slime_rollout_arguments, validate_slime_rollout_args
 from slime_like.core.errors import ArgumentError
 from slime_like.core.logs import LEVELS
 from slime_like.planner import (
@@ -36,6 +37,7 @@ from slime_like.trainer.megatron.flags import add_training_arguments, mtp_config
 from slime_like.trainer.megatron.lora_flags import add_lora_arguments, validate_lora_args
 from slime_like.trainer.megatron.multi_lora_flags import validate_multi_lora_args
 from slime_like.trainer.model_arguments import add_model_arguments, check_against_hf_config, text_config
+from slime_like.trainer.train_options import add_train_option_arguments, validate_train_options
 from slime_like.trainer.training_arguments import add_megatron_arguments, validate_megatron_args
 
 
@@ -48,11 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_arguments(parser)
     add_data_arguments(parser)
     add_rollout_arguments(parser)
+    add_slime_rollout_arguments(parser)
     add_megatron_arguments(parser)
     add_training_arguments(parser)
     add_lora_arguments(parser)
     add_offload_arguments(parser)
     add_algorithm_arguments(parser)
+    add_train_option_arguments(parser)
+    add_loop_arguments(parser)
     add_model_arguments(parser)
     add_plan_arguments(parser)
     add_debug_arguments(parser)
@@ -67,12 +72,32 @@ def build_parser() -> argparse.ArgumentParser:
         "output-dir/logs/ (other trainer ranks show only warnings and errors on the console)",
     )
     g.add_argument("--use-tensorboard", action="store_true")
+    g.add_argument(
+        "--tb-project-name",
+        default=None,
+        help="tensorboard logs go to tensorboard_log/<project>/<experiment> as slime's ($TENSORBOARD_DIR wins; "
+        "default: output-dir/tensorboard)",
+    )
+    g.add_argument("--tb-experiment-name", default=None, help="with --tb-project-name (default: the start time)")
     g.add_argument("--use-wandb", action="store_true")
     g.add_argument("--wandb-project", default="slime-like")
     g.add_argument("--wandb-group", default=None, help="wandb run group (the run is named after it, as slime)")
     g.add_argument("--wandb-team", default=None, help="wandb entity")
     g.add_argument("--wandb-host", default=None, help="wandb server URL (self-hosted)")
     g.add_argument("--wandb-key", default=None, help="wandb API key (default: WANDB_API_KEY / wandb login)")
+    g.add_argument("--wandb-dir", default=None, help="directory of wandb's local files (default: ./wandb)")
+    g.add_argument(
+        "--wandb-mode",
+        default=None,
+        choices=["online", "offline", "disabled"],
+        help="wandb's mode (sets WANDB_MODE; offline: local only, no login)",
+    )
+    g.add_argument("--wandb-run-id", default=None, help="log into this wandb run (resumed if it exists)")
+    g.add_argument(
+        "--wandb-always-use-train-step",
+        action="store_true",
+        help="wandb's step is the optimizer step count (rollout x steps per rollout), not the rollout id",
+    )
     g.add_argument(
         "--disable-wandb-random-suffix",
         action="store_false",
@@ -105,12 +130,34 @@ def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
         "Default: on with --colocate when CUDA is present, else off. Without CUDA it is accepted and does "
         "nothing (one log line says so)",
     )
+    g.add_argument("--offload", action="store_true", help="slime's shorthand: --offload-train --offload-rollout")
     g.add_argument(
         "--offload-rollout",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="with --colocate on GPU: the SGLang servers release their memory while the trainer trains "
         "(default: on with --colocate, as slime); --no-offload-rollout keeps it",
+    )
+
+
+def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """slime's flags of the training loop: where it starts, the first evaluation, how often weights move."""
+    g = parser.add_argument_group("loop (slime's flags)")
+    g.add_argument(
+        "--start-rollout-id",
+        type=int,
+        default=None,
+        help="the first rollout id of the loop (default: the one after --load's checkpoint, else 0)",
+    )
+    g.add_argument(
+        "--skip-eval-before-train", action="store_true", help="no evaluation at rollout 0 (with --eval-interval)"
+    )
+    g.add_argument(
+        "--update-weights-interval",
+        type=int,
+        default=1,
+        metavar="N",
+        help="push the trained weights to the servers after every N-th rollout (default: every rollout)",
     )
 
 
@@ -226,6 +273,9 @@ def validate(args: argparse.Namespace) -> None:
         raise ArgumentError("--save-interval needs --save DIR")
     if not os.path.isfile(os.path.join(args.hf_checkpoint, "config.json")):
         raise ArgumentError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
+    if args.offload:  # slime: both sides give their memory up in turn
+        args.offload_train = True if args.offload_train is None else args.offload_train
+        args.offload_rollout = True if args.offload_rollout is None else args.offload_rollout
     resolve_offload_train(args)
     if args.offload_rollout is None:
         args.offload_rollout = bool(args.colocate)
@@ -240,6 +290,12 @@ def validate(args: argparse.Namespace) -> None:
     validate_rollout_args(args)  # loads the plugins too: a bad path fails before anything starts
     validate_lora_args(args)  # after --fully-async is settled; adds SGLang's LoRA server flags
     validate_debug_args(args)
+    validate_slime_rollout_args(args)
+    validate_train_options(args)
+    if args.update_weights_interval < 1:
+        raise ArgumentError(f"--update-weights-interval {args.update_weights_interval} must be >= 1")
+    if args.start_rollout_id is not None and args.start_rollout_id < 0:
+        raise ArgumentError(f"--start-rollout-id {args.start_rollout_id} must be >= 0")
 
 
 def resolve_precision(args: argparse.Namespace, use_gpu: bool) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(self.dir / "tensorboard"))
+                self.tb = SummaryWriter(tensorboard_dir(args, self.dir))
             except ImportError as exc:
                 raise RuntimeError("--use-tensorboard needs the tensorboard package: pip install tensorboard") from exc
         if use_wandb:
@@ -44,6 +46,11 @@ class MetricsLogger:
             except ImportError as exc:
                 raise RuntimeError("--use-wandb needs the wandb package: pip install wandb") from exc
             self.wandb = wandb.init(**wandb_init_kwargs(args, wandb))
+        # --wandb-always-use-train-step: wandb's step counts optimizer steps (rollout x steps per rollout).
+        self.wandb_step_scale = 1
+        if args is not None and getattr(args, "wandb_always_use_train_step", False):
+            samples = args.rollout_batch_size * args.n_samples_per_prompt
+            self.wandb_step_scale = max(1, samples // (args.global_batch_size or samples))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one record and print the summary line."""
@@ -57,7 +64,7 @@ class MetricsLogger:
             for key, value in numeric.items():
                 self.tb.add_scalar(key, value, step)
         if self.wandb is not None:
-            self.wandb.log(numeric, step=step)
+            self.wandb.log(numeric, step=step * self.wandb_step_scale)
 
     def plot(self) -> Path | None:
         """Reward and per-phase time curves as PNG next to metrics.jsonl."""
@@ -102,21 +109,44 @@ def plot_metrics(metrics_path: str | Path, out: str | Path) -> Path | None:
     return Path(out)
 
 
+def tensorboard_dir(args: Any, output_dir: Path) -> str:
+    """Where tensorboard logs go, as slime: $TENSORBOARD_DIR, else tensorboard_log/<--tb-project-name>/
+    <--tb-experiment-name or the start time>; without either, output-dir/tensorboard."""
+    project = getattr(args, "tb_project_name", None)
+    if os.environ.get("TENSORBOARD_DIR"):
+        return os.environ["TENSORBOARD_DIR"]
+    if project is None:
+        return str(output_dir / "tensorboard")
+    experiment = getattr(args, "tb_experiment_name", None) or datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    return f"tensorboard_log/{project}/{experiment}"
+
+
 def wandb_init_kwargs(args: Any, wandb: Any = None) -> dict[str, Any]:
-    """wandb.init's arguments from the --wandb-* flags, as slime: --wandb-key/--wandb-host log in first, the run
-    is named after --wandb-group plus a random 6-character suffix (unless --disable-wandb-random-suffix)."""
+    """wandb.init's arguments from the --wandb-* flags, as slime: --wandb-mode sets WANDB_MODE, --wandb-key/
+    --wandb-host log in first (not offline), the run is named after --wandb-group plus a random 6-character suffix
+    (unless --disable-wandb-random-suffix), --wandb-dir holds its files, --wandb-run-id names (or resumes) it."""
     key, host = getattr(args, "wandb_key", None), getattr(args, "wandb_host", None)
-    if wandb is not None and (key or host):
+    mode = getattr(args, "wandb_mode", None)
+    if mode:
+        os.environ["WANDB_MODE"] = mode
+    offline = (mode or os.environ.get("WANDB_MODE")) in ("offline", "disabled")
+    if wandb is not None and (key or host) and not offline:
         wandb.login(key=key, host=host)
     group = getattr(args, "wandb_group", None)
     name = group
     if group and getattr(args, "wandb_random_suffix", True):
         name = f"{group}_{secrets.token_hex(3)}"
     config = {k: v for k, v in vars(args).items() if k != "wandb_key"} if args is not None else None
-    return {
+    kwargs = {
         "project": getattr(args, "wandb_project", "slime-like"),
         "entity": getattr(args, "wandb_team", None),
         "group": group,
         "name": name,
         "config": config,
     }
+    if getattr(args, "wandb_dir", None):
+        os.makedirs(args.wandb_dir, exist_ok=True)
+        kwargs["dir"] = args.wandb_dir
+    if getattr(args, "wandb_run_id", None):
+        kwargs.update(id=args.wandb_run_id, resume="allow")
+    return kwargs

@@ -78,9 +78,13 @@ class Run:
         self.pending_metrics: dict[str, Any] = {"time/startup": time.monotonic() - start}
         self.weights_pushed = False  # whether the servers got the trainer's weights (and, with the flag, a check)
         self.start_rollout = self._load() if (args.load or args.ref_load) and self.trainer is not None else 0
+        if getattr(args, "start_rollout_id", None) is not None:  # slime's --start-rollout-id overrides the resume's
+            logger.info("--start-rollout-id: the loop starts at rollout %d", args.start_rollout_id)
+            self.start_rollout = args.start_rollout_id
         if getattr(args, "lora_rank", 0) and not self.weights_pushed and self.has_both_sides:
             self.update_weights(-1)  # LoRA: the servers start with the base only; load the adapter as version 0
-        if args.check_weight_update and not self.weights_pushed and self.has_both_sides:
+        once = getattr(args, "check_weight_update_equal", False)  # slime's start-up check
+        if (once or args.check_weight_update and not self.weights_pushed) and self.has_both_sides:
             worst = self.trainer.check_weights(self.server_urls, "before the first rollout")
             logger.info("before the first rollout: the servers match the trainer within %.2g", worst)
         self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
@@ -189,11 +193,15 @@ class Run:
             ray.get(self.rollout.resume_memory.remote())
         return metrics
 
-    def update_weights(self, rollout_id: int) -> float:
-        """Push the trained weights into every server, tagged with version rollout_id + 1; then, with
-        --offload-train, the trainer's memory leaves the GPU until the next train. Nothing to do without both sides
-        (--debug-rollout-only, --debug-train-only)."""
+    def update_weights(self, rollout_id: int, force: bool = False) -> float:
+        """Push the trained weights into every server, tagged with version rollout_id + 1, after every
+        --update-weights-interval-th rollout (or when forced); then, with --offload-train, the trainer's memory
+        leaves the GPU until the next train. Nothing to do without both sides (--debug-rollout-only,
+        --debug-train-only)."""
         if not self.has_both_sides:
+            return 0.0
+        if not (force or self.weights_due(rollout_id)):
+            self._offload_trainer()
             return 0.0
         self._recover_engines()
         seconds = self.trainer.update_weights(
@@ -204,6 +212,10 @@ class Run:
         self.weights_pushed = True
         self._offload_trainer()
         return seconds
+
+    def weights_due(self, rollout_id: int) -> bool:
+        """--update-weights-interval N: whether the weights trained at rollout_id go to the servers now."""
+        return (rollout_id + 1) % getattr(self.args, "update_weights_interval", 1) == 0
 
     def _recover_engines(self) -> None:
         """--use-fault-tolerance: engines that failed a health check restart now, on their slots; placement.json
@@ -228,6 +240,8 @@ class Run:
             return {}
         if rollout_id % self.args.eval_interval and not force:
             return {}
+        if rollout_id == 0 and getattr(self.args, "skip_eval_before_train", False) and not force:
+            return {}  # slime's --skip-eval-before-train
         return self.wait(self.rollout.evaluate.remote(rollout_id), f"evaluation at rollout {rollout_id}")
 
     def save(self, rollout_id: int) -> None:
@@ -241,6 +255,10 @@ class Run:
             self.trainer.save(str(directory), rollout_id)
             layout.write_state(directory, rollout_id, ray.get(self.rollout.state_dict.remote()))
         logger.info("saved %s", layout.iteration_dir(self.args.save, rollout_id))
+        if getattr(self.args, "save_hf", None):  # slime's --save-hf: the policy as an HF checkpoint too
+            target = self.args.save_hf.format(rollout_id=rollout_id)
+            self.trainer.save_hf(target)
+            logger.info("saved the policy as an HF checkpoint at %s", target)
 
     def _load(self) -> int:
         """Resume from --load (a run directory or one checkpoint, ours or slime's); with no checkpoint there, take
@@ -291,7 +309,7 @@ class Run:
                     where,
                 )
         # The servers started from the HF weights: bring them to the checkpoint's.
-        self.update_weights(rollout_id)
+        self.update_weights(rollout_id, force=True)
         logger.info("resumed from %s at rollout %d", checkpoint.directory, rollout_id + 1)
         return rollout_id + 1
 
@@ -358,7 +376,7 @@ class Run:
         with retract or in_place they stay in the engines. The health checks pause first (/health hangs while
         generation is paused) and dead engines restart, as in `update_weights`."""
         args = self.args
-        if not self.has_both_sides:
+        if not self.has_both_sides or not self.weights_due(rollout_id):
             return 0.0
         start = time.monotonic()
         self._recover_engines()

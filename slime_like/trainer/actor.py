@@ -63,6 +63,8 @@ class TrainActor:
             cp=args.context_parallel_size,
             sequence_parallel=args.sequence_parallel,
             reloadable_groups=bool(getattr(args, "offload_train", False)) and torch.cuda.is_available(),
+            timeout_minutes=getattr(args, "distributed_timeout_minutes", 30),
+            gpu_backend=getattr(args, "distributed_backend", "nccl"),
         )
         self.hooks = load_trainer_hooks(args)
         if self.hooks.init is not None:
@@ -70,6 +72,7 @@ class TrainActor:
         from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
         from slime_like.trainer.megatron.flags import model_config_overrides, mtp_engine_args
         from slime_like.trainer.megatron.lora import lora_settings
+        from slime_like.trainer.train_options import freeze_callback, trainable_filter
 
         common = {
             "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
@@ -90,6 +93,9 @@ class TrainActor:
                 **replay,
                 **mtp_engine_args(args),  # --enable-mtp-training: the MTP layers are built and trained
                 lora=lora_settings(args),  # --lora-rank: adapters trained on a frozen base (megatron/lora.py)
+                # --only-train-params-name-list, --freeze-params-name-list, --freeze-indexer (train_options.py)
+                freeze=(trains := trainable_filter(args))
+                and freeze_callback(trains, getattr(args, "freeze_indexer", 0)),
             )
             if getattr(args, "lora_adapter_path", None):
                 self.engine.load_adapter(args.lora_adapter_path)
@@ -109,7 +115,8 @@ class TrainActor:
             # --opd-type megatron: the teacher, the same architecture with other weights, is swapped in the same way.
             self.teacher_weights = None
             if getattr(args, "use_opd", False) and args.opd_type == "megatron":
-                self.teacher_weights = self._checkpoint_weights(args.opd_teacher_load, "--opd-teacher-load")
+                step = getattr(args, "opd_teacher_ckpt_step", None)
+                self.teacher_weights = self._checkpoint_weights(args.opd_teacher_load, "--opd-teacher-load", step)
             if self.memory.enabled:  # Adam's moments would otherwise appear at the first step, outside the region
                 for engine in (self.engine, self.critic):
                     if engine is not None:
@@ -141,20 +148,20 @@ class TrainActor:
         """The KL reference: the weights of the --ref-load checkpoint, else the starting (--hf-checkpoint) ones."""
         if not self.args.ref_load:
             return self._snapshot()
-        return self._checkpoint_weights(self.args.ref_load, "--ref-load")
+        return self._checkpoint_weights(self.args.ref_load, "--ref-load", getattr(self.args, "ref_ckpt_step", None))
 
     def _before_log_prob(self, store_prefix: str) -> None:
         """--custom-megatron-before-log-prob-hook-path, with slime's store prefix of the forward that follows."""
         if self.hooks.before_log_prob is not None:
             self.hooks.before_log_prob(self.args, self.engine.model, store_prefix)
 
-    def _checkpoint_weights(self, path: str, flag: str) -> dict[str, torch.Tensor]:
+    def _checkpoint_weights(self, path: str, flag: str, step: int | None = None) -> dict[str, torch.Tensor]:
         """The model weights of the Megatron checkpoint at `path` (named by `flag`), read through the policy's
         model, whose own weights are put back."""
         from slime_like.trainer.megatron.checkpoint_layout import require_checkpoint
 
         start = self._snapshot()
-        checkpoint = require_checkpoint(path, flag)
+        checkpoint = require_checkpoint(path, flag, step)
         self.engine.load_model_weights(checkpoint.directory)
         weights = self._snapshot()
         self._load_weights(start)  # the policy starts where --hf-checkpoint (or a later --load) puts it
@@ -203,9 +210,19 @@ class TrainActor:
         if len(share.rollout) == 0:  # every sample failed or was filtered out: nothing to learn from
             logger.warning("rollout %d: no usable samples, no optimizer step", rollout_id)
             return {}
+        if getattr(self.args, "reset_optimizer_states", False):  # slime: Adam starts afresh every rollout
+            from slime_like.trainer.train_options import reset_optimizer_states
+
+            reset_optimizer_states(self.engine.optimizer)
         if self.lora_slots is not None:  # multi-LoRA: each adapter steps on its own samples alone (lora_slots.py)
-            return self.lora_slots.train_each(share, partial(self._train_share, rollout_id))
-        return self._train_share(rollout_id, share)
+            metrics = self.lora_slots.train_each(share, partial(self._train_share, rollout_id))
+        else:
+            metrics = self._train_share(rollout_id, share)
+        interval = getattr(self.args, "ref_update_interval", None)
+        if interval and self.ref_weights is not None and (rollout_id + 1) % interval == 0:
+            self.ref_weights = self._snapshot()  # --ref-update-interval: the reference becomes the trained policy
+            logger.info("rollout %d: the KL reference is now the trained policy (--ref-update-interval)", rollout_id)
+        return metrics
 
     def _train_share(self, rollout_id: int, share: RankShare) -> dict[str, float]:
         """Fill the share's batch (log-probs, values, advantages), then take its optimizer steps."""
@@ -370,7 +387,9 @@ class TrainActor:
                 server_urls, size, tp_per_server=tp, master_address=self.master_addr, timeout_s=timeout
             ),
             "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
-            "disk": lambda: DiskTransport(server_urls, size, args.hf_checkpoint, disk_dir, timeout_s=timeout),
+            "disk": lambda: DiskTransport(
+                server_urls, size, args.hf_checkpoint, disk_dir, timeout, args.update_weight_disk_keep_files
+            ),
         }
         disk_dir = args.update_weight_disk_dir or os.path.join(output_dir, "weights")
         if args.update_weight_local_checkpoint_dir:  # delta, or full versions pulled to host-local disks
@@ -418,11 +437,22 @@ class TrainActor:
 
         if self.lora_slots is not None:  # multi-LoRA: the first adapter is the one of the model's own checkpoint
             self.lora_slots.activate(self.lora_slots.names[0])
-        self.engine.save_checkpoint(directory, iteration)
+        self.engine.save_checkpoint(directory, iteration, not getattr(self.args, "no_save_optim", False))
         if self.lora_slots is not None:  # multi-LoRA: every adapter, in PEFT format and to resume (lora_slots.py)
             self.lora_slots.save(directory)
         if self.critic is not None:
-            self.critic.save_checkpoint(Path(directory) / CRITIC_DIR, iteration)
+            self.critic.save_checkpoint(Path(directory) / CRITIC_DIR, iteration, not self.args.no_save_optim)
+
+    def save_hf(self, directory: str) -> None:
+        """--save-hf: the policy's weights as an HF checkpoint in `directory` (a collective; rank 0 writes)."""
+        from slime_like.trainer.weights.disk import write_checkpoint
+
+        named = self.engine.export_hf_weights()
+        if self.rank == 0:
+            write_checkpoint(named, Path(directory), Path(self.args.hf_checkpoint), self.args.update_weight_buffer_size)
+        else:
+            for _ in named:  # every rank takes part in the gathers
+                pass
 
     def load(self, directory: str, load_optimizer: bool = True, load_rng: bool = True) -> None:
         """Load a torch_dist checkpoint: ours (the critic's from its critic/), or one of Megatron-LM or slime."""

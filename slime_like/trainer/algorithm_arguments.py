@@ -143,6 +143,12 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         help="--opd-type megatron: the teacher's Megatron checkpoint (torch_dist, e.g. from "
         "tools/convert_hf_to_torch_dist.py), the policy's architecture",
     )
+    d.add_argument(
+        "--opd-teacher-ckpt-step",
+        type=int,
+        default=None,
+        help="load the teacher from --opd-teacher-load's iter_<step> instead of its latest checkpoint",
+    )
     n.add_argument("--megatron-config-path", default=None, help="slime's per-role Megatron YAML: not supported")
     n.add_argument("--custom-model-provider-path", default=None, help="slime's model provider hook: not supported")
     g.add_argument(
@@ -298,6 +304,8 @@ def apply_routing_replay(args: argparse.Namespace, config: Any) -> None:
 
 def _check_opd(args: argparse.Namespace) -> None:
     """slime's rules for --use-opd: a type; a teacher checkpoint only with (and for) megatron."""
+    if args.opd_teacher_ckpt_step is not None and args.opd_teacher_load is None:
+        _error("--opd-teacher-ckpt-step picks a checkpoint of --opd-teacher-load: add --opd-type megatron and it")
     if not args.use_opd:
         if args.opd_teacher_load is not None:
             _error("--opd-teacher-load is set but --use-opd is not: add --use-opd --opd-type megatron")
@@ -313,6 +321,13 @@ def _check_opd(args: argparse.Namespace) -> None:
             )
         if not Path(args.opd_teacher_load).exists():
             _error(f"--opd-teacher-load {args.opd_teacher_load}: no such directory")
+        if args.opd_teacher_ckpt_step is not None:
+            from slime_like.trainer.megatron.checkpoint_layout import CheckpointError, require_checkpoint
+
+            try:
+                require_checkpoint(args.opd_teacher_load, "--opd-teacher-load", args.opd_teacher_ckpt_step)
+            except CheckpointError as exc:
+                _error(str(exc))
         return
     if args.opd_teacher_load is not None:
         _error("--opd-teacher-load is for --opd-type megatron; with sglang the teacher is the server at --rm-url")

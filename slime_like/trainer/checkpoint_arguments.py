@@ -38,6 +38,25 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         "reference model, and the starting weights when --load holds no checkpoint (default: --hf-checkpoint)",
     )
     g.add_argument("--no-load-optim", action="store_true", help="with --load: the optimizer starts fresh")
+    g.add_argument(
+        "--no-save-optim",
+        action="store_true",
+        help="checkpoints hold no optimizer or LR-scheduler state (smaller; a resume starts them fresh, as slime "
+        "sets --no-load-optim with it)",
+    )
+    g.add_argument(
+        "--save-hf",
+        default=None,
+        metavar="PATH",
+        help="at each save also write the policy as an HF checkpoint at PATH.format(rollout_id=...) (config and "
+        "tokenizer from --hf-checkpoint)",
+    )
+    g.add_argument(
+        "--ref-ckpt-step",
+        type=int,
+        default=None,
+        help="load the reference from --ref-load's iter_<step> instead of its latest checkpoint",
+    )
     g.add_argument("--no-load-rng", action="store_true", help="with --load: keep this run's RNG states")
     g.add_argument(
         "--finetune",
@@ -87,6 +106,17 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         help="after every update, compare a probe's log-probs between the trainer and each server",
     )
     w.add_argument(
+        "--check-weight-update-equal",
+        action="store_true",
+        help="slime's start-up check: before the first rollout, compare a probe's log-probs between the trainer "
+        "and each server (slime compares the weights themselves)",
+    )
+    w.add_argument(
+        "--update-weight-disk-keep-files",
+        action="store_true",
+        help="--update-weight-transport disk: keep every written weight version (default: the last two)",
+    )
+    w.add_argument(
         "--check-weight-update-tolerance",
         type=float,
         default=None,
@@ -109,9 +139,21 @@ def validate_checkpoint_args(args: argparse.Namespace) -> None:
     loading = [f for f in ("no_load_optim", "no_load_rng", "finetune") if getattr(args, f)]
     if loading and not args.load:
         _error(f"--{loading[0].replace('_', '-')} applies to what --load loads: add --load DIR (or drop it)")
+    if args.no_save_optim and args.load:
+        args.no_load_optim = True  # as slime: a run that saves no optimizer does not load one either
+    if args.save_hf is not None and not (args.save and args.save_interval):
+        _error("--save-hf writes an HF checkpoint at each save: it needs --save DIR and --save-interval N")
+    if args.save_hf is not None and getattr(args, "lora_rank", 0):
+        _error("--save-hf exports full weights; a LoRA run (--lora-rank) saves its adapter with each checkpoint")
+    if args.ref_ckpt_step is not None and not args.ref_load:
+        _error("--ref-ckpt-step picks a checkpoint of --ref-load: add --ref-load DIR")
+    if args.update_weight_disk_keep_files and "disk" not in (args.update_weight_transport, args.update_weight_fallback):
+        _error(
+            "--update-weight-disk-keep-files keeps the disk transport's files: it needs --update-weight-transport disk"
+        )
     try:
         if args.ref_load:
-            require_checkpoint(args.ref_load, "--ref-load")
+            require_checkpoint(args.ref_load, "--ref-load", args.ref_ckpt_step)
         if args.load and os.path.isdir(args.load):
             find_checkpoint(args.load, "--load")  # a cut-off checkpoint or a bad tracker fails now
     except (CheckpointError, OSError) as exc:

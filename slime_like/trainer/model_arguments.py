@@ -19,6 +19,7 @@ _INT_FIELDS: dict[str, str] = {
     "num_attention_heads": "num_attention_heads",
     "num_query_groups": "num_key_value_heads",
     "vocab_size": "vocab_size",
+    "padded_vocab_size": "vocab_size",  # slime sets the model's vocabulary with it; the engine uses the HF one
     "num_experts": "num_experts",
     "moe_router_topk": "num_experts_per_tok",
     "moe_ffn_hidden_size": "moe_intermediate_size",
@@ -60,7 +61,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Architecture flags under Megatron-LM's names; all optional, each checked against the HF config."""
     g = parser.add_argument_group("model architecture (checked against --hf-checkpoint's config.json)")
     for flag in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
-                 "kv-channels", "vocab-size", "max-position-embeddings", "num-experts", "moe-router-topk",
+                 "kv-channels", "vocab-size", "padded-vocab-size", "max-position-embeddings", "num-experts", "moe-router-topk",
                  "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size", "q-lora-rank", "kv-lora-rank",
                  "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim", "moe-router-group-topk",
                  "moe-router-num-groups"):  # fmt: skip

@@ -156,7 +156,7 @@ class FakeRun:
             load_state_dict=SimpleNamespace(remote=lambda state: self.calls.append(("data", state))),
         )
 
-    def update_weights(self, rollout_id: int) -> None:
+    def update_weights(self, rollout_id: int, force: bool = False) -> None:
         self.calls.append(("version", rollout_id + 1))
 
 

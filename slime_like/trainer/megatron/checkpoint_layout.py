@@ -204,8 +204,15 @@ def find_checkpoint(path: str | Path, flag: str = "--load") -> Checkpoint | None
     return Checkpoint(path, iteration)
 
 
-def require_checkpoint(path: str | Path, flag: str) -> Checkpoint:
-    """find_checkpoint, raising CheckpointError when `path` holds no Megatron checkpoint."""
+def require_checkpoint(path: str | Path, flag: str, step: int | None = None) -> Checkpoint:
+    """find_checkpoint, raising CheckpointError when `path` holds no Megatron checkpoint; with `step`, the run
+    directory's iter_<step> instead of the tracker's (slime's --ref-ckpt-step, --opd-teacher-ckpt-step)."""
+    if step is not None:
+        target = iteration_dir(path, step)
+        reason = incomplete_reason(target) if target.is_dir() else "no such directory"
+        if reason is not None:
+            raise CheckpointError(f"{flag} {path} at step {step}: {target} cannot be loaded ({reason})")
+        return Checkpoint(target, step)
     found = find_checkpoint(path, flag)
     if found is None:
         raise CheckpointError(

@@ -88,6 +88,7 @@ class MegatronTrainEngine:
         mtp_layers: int = 0,
         mtp_loss_scaling_factor: float = 0.2,
         lora: lora_lib.LoraSettings | None = None,
+        freeze: Callable[..., None] | None = None,
         **config_overrides: Any,
     ) -> None:
         """Build the model from an HF checkpoint (after init_parallel); optimizer=None: forward only.
@@ -97,6 +98,7 @@ class MegatronTrainEngine:
         layout: the micro-batch layout (choose_layout; None picks the fast one for the attention used).
         mtp_layers > 0 builds and trains that many multi-token-prediction layers (mtp.py, --enable-mtp-training).
         lora: LoRA adapters on the linear layers, the base frozen and the optimizer over the adapters only (lora.py).
+        freeze: an mbridge post-creation callback that sets requires_grad (the freeze flags, trainer/train_options.py).
         """
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import finalize_model_grads
@@ -126,6 +128,8 @@ class MegatronTrainEngine:
                 lora.dropout,
             )
             callbacks.append(lora_lib.lora_callback(lora))
+        if freeze is not None:
+            callbacks.append(freeze)
         if callbacks:
             self.bridge.get_model = partial(self.bridge.get_model, post_model_creation_callbacks=callbacks)
         if mtp_layers:
@@ -302,11 +306,13 @@ class MegatronTrainEngine:
         config = _model_config(self.model[0])
         lora_lib.load_adapter(self.model, self.bridge.hf_config, config, self.lora, directory)
 
-    def save_checkpoint(self, directory: str | Path, iteration: int = 0) -> None:
-        """Save model, optimizer, scheduler and RNG states with Megatron dist_checkpointing (torch_dist)."""
+    def save_checkpoint(self, directory: str | Path, iteration: int = 0, with_optimizer: bool = True) -> None:
+        """Save model, optimizer, scheduler and RNG states with Megatron dist_checkpointing (torch_dist); without
+        the optimizer and scheduler when with_optimizer is False (--no-save-optim)."""
         from slime_like.trainer.megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(directory, self.model, self.optimizer, self.scheduler, iteration=iteration)
+        optimizer, scheduler = (self.optimizer, self.scheduler) if with_optimizer else (None, None)
+        save_checkpoint(directory, self.model, optimizer, scheduler, iteration=iteration)
 
     def load_checkpoint(self, directory: str | Path, load_optimizer: bool = True, load_rng: bool = True) -> None:
         """Load a torch_dist checkpoint (ours, Megatron-LM's or slime's; any layout for the model); the optimizer

@@ -30,6 +30,14 @@ ALWAYS_NO_EFFECT: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("--seq-length", {"type": int, "default": None}, "sequences are packed by --max-tokens-per-gpu"),
     ("--enable-experimental", {"action": "store_true"}, "no experimental Megatron feature is used"),
     ("--micro-batch-size", {"type": int, "default": 1}, "micro-batches are packed by --max-tokens-per-gpu"),
+    ("--async-save", {"action": "store_true"}, "checkpoints are written synchronously and atomically"),
+    (
+        "--qwen-gdn-backend",
+        {"choices": ["fla", "flashqla"], "default": None},
+        "kernel of slime's Qwen3-Next/3.5 layer; here those are megatron-core's own GatedDeltaNet",
+    ),
+    ("--recompute-loss-function", {"action": "store_true"}, "the loss is computed from the logits in one pass"),
+    ("--log-probs-max-tokens-per-gpu", {"type": int, "default": None}, "slime reads it nowhere either"),
 )
 
 # Model families whose multi-token-prediction layers --enable-mtp-training builds and trains (slime_like/trainer/megatron/mtp.py):
@@ -250,7 +258,13 @@ def model_config_overrides(args: argparse.Namespace, transformer_engine: bool, c
 
 def no_effect_flags(args: argparse.Namespace, transformer_engine: bool, cuda: bool) -> list[str]:
     """The flags given on this command line that change nothing on this machine."""
-    found = [flag for flag, kw, _ in ALWAYS_NO_EFFECT if getattr(args, _dest(flag)) != kw.get("default", False)]
+    from rollout.slime_arguments import ROLLOUT_NO_EFFECT
+
+    found = [
+        flag
+        for flag, kw, _ in ALWAYS_NO_EFFECT + ROLLOUT_NO_EFFECT
+        if getattr(args, _dest(flag), kw.get("default", False)) != kw.get("default", False)
+    ]
     if not args.enable_mtp_training:  # the MTP layers are then passed through, not built
         found += ["--mtp-num-layers"] if args.mtp_num_layers is not None else []
         found += ["--mtp-loss-scaling-factor"] if args.mtp_loss_scaling_factor != 0.2 else []

@@ -21,11 +21,12 @@ from slime_like.trainer.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, se
 _SEQUENCE_PARALLEL = False
 
 
-def init_distributed(timeout_minutes: int = 30) -> None:
-    """Initialise the default process group from RANK/WORLD_SIZE/MASTER_* (a world of 1 if unset)."""
+def init_distributed(timeout_minutes: int = 30, gpu_backend: str = "nccl") -> None:
+    """Initialise the default process group from RANK/WORLD_SIZE/MASTER_* (a world of 1 if unset); `gpu_backend` on
+    CUDA (--distributed-backend), gloo on CPU."""
     if dist.is_initialized():
         return
-    backend = "nccl" if ON_CUDA else "gloo"
+    backend = gpu_backend if ON_CUDA else "gloo"
     timeout = timedelta(minutes=timeout_minutes)
     if ON_CUDA:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -47,6 +48,8 @@ def init_parallel(
     cp: int = 1,
     sequence_parallel: bool = False,
     reloadable_groups: bool = False,
+    timeout_minutes: int = 30,
+    gpu_backend: str = "nccl",
 ) -> None:
     """Initialise torch.distributed, Megatron parallel state (idempotent for equal sizes) and seeds.
 
@@ -54,6 +57,7 @@ def init_parallel(
     Engine (make_bridge says so). Sequence parallel is checked here, before anything starts.
     reloadable_groups: Megatron's groups can be destroyed and rebuilt (reloadable_groups.py; --offload-train
     uses it to free NCCL's memory during rollout).
+    timeout_minutes, gpu_backend: of the default process group (--distributed-timeout-minutes, --distributed-backend).
     """
     from megatron.core import parallel_state as mpu
 
@@ -61,7 +65,7 @@ def init_parallel(
     sequence_parallel = sequence_parallel and tp > 1  # Megatron-LM: no TP ranks, no sequence parallel
     check_sequence_parallel(sequence_parallel, tp)
     apply_cpu_compat()
-    init_distributed()
+    init_distributed(timeout_minutes, gpu_backend)
     if mpu.model_parallel_is_initialized():
         same = (
             mpu.get_tensor_model_parallel_world_size() == tp

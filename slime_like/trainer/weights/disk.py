@@ -26,14 +26,22 @@ def _model_files(hf_checkpoint: Path) -> list[Path]:
 
 
 class DiskTransport(WeightTransport):
-    """Writes `<dir>/v<version>/` (config and tokenizer copied from the HF checkpoint), keeping the last two."""
+    """Writes `<dir>/v<version>/` (config and tokenizer copied from the HF checkpoint), keeping the last two (all of
+    them with keep_files, --update-weight-disk-keep-files)."""
 
     name = "disk"
 
     def __init__(
-        self, server_urls: list[str], bucket_bytes: int, hf_checkpoint: str, directory: str, timeout_s: float = 600.0
+        self,
+        server_urls: list[str],
+        bucket_bytes: int,
+        hf_checkpoint: str,
+        directory: str,
+        timeout_s: float = 600.0,
+        keep_files: bool = False,
     ) -> None:
         super().__init__(server_urls, bucket_bytes, timeout_s)
+        self.keep_files = keep_files
         self.hf_checkpoint = Path(hf_checkpoint)
         self.directory = Path(directory)
 
@@ -41,7 +49,7 @@ class DiskTransport(WeightTransport):
         """Write the shards, then reload them on every server."""
         target = self.write(named_tensors, version)
         client.on_all(self.server_urls, client.update_weights_from_disk, str(target), version, self.timeout_s)
-        for old in self.directory.glob("v*"):
+        for old in [] if self.keep_files else self.directory.glob("v*"):
             if old != target and old.name != f"v{version - 1}":
                 shutil.rmtree(old, ignore_errors=True)
 
