@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from rollout.eval_config import EvalDatasetConfig, load_dataset_plugin
+from rollout.foreign_clients import authorize_foreign_clients
 from rollout.hooks import GENERATE_FLAG, HOOKS, RolloutHooks
 from rollout.rewards import RewardFunction, get_reward_function
 
@@ -46,6 +47,7 @@ def dataset_hooks(args: Any, base: RolloutHooks, config: EvalDatasetConfig) -> R
         adapt = HOOKS[GENERATE_FLAG][3]
         changes["generate"] = adapt(fn) if contract == "slime" and adapt is not None else fn
         changes["contracts"] = {**base.contracts, GENERATE_FLAG: contract}
+        authorize_foreign_clients()
     return dataclasses.replace(base, **changes)
 
 

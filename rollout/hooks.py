@@ -13,6 +13,7 @@ from typing import Any
 from rollout import postprocess, slime_contract
 from rollout.context import RolloutContext
 from rollout.filters import fifo_buffer_filter
+from rollout.foreign_clients import authorize_foreign_clients
 from rollout.generate import generate
 from rollout.log_hooks import EVAL_LOG_FLAG, ROLLOUT_LOG_FLAG
 from rollout.rewards import RewardFunction, get_reward_function
@@ -141,6 +142,7 @@ def load_hooks(args: Any) -> RolloutHooks:
             continue
         fn, contracts[flag] = load_hook(path, flag, api, native, slime)
         loaded[flag] = adapt(fn) if contracts[flag] == "slime" and adapt is not None else fn
+    authorize_foreign_clients()  # e.g. strands-sglang's client, imported by a plugin, sends the run's secret
     if args.group_generate and contracts.get(GENERATE_FLAG) == "slime":
         path = args.custom_generate_function_path
         raise PluginError(
