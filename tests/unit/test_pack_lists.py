@@ -32,3 +32,17 @@ def test_mask_lets_each_token_see_its_own_sequence_up_to_itself(layout: str) -> 
             allowed[row, i, start : i + 1] = True
     assert mb.attention_mask.shape == (rows, 1, width, width)
     assert torch.equal(mb.attention_mask[:, 0], ~allowed)  # True = masked out; padding sees nothing
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded", "thd"])
+def test_per_sequence_without_a_graph_cuts_as_with_one(layout: str) -> None:
+    # Log-prob forwards (no graph) split the flat values once; training slices each sequence: the same pieces.
+    for indices in ([0, 2, 3], [1], [], [3, 0]):
+        mb = pack(SEQUENCES, indices, layout, multiple=4)
+        for shape in (mb.tokens.shape, (*mb.tokens.shape, 3)):
+            values = torch.randn(shape)
+            cut = mb.per_sequence(values)
+            sliced = mb.per_sequence(values.clone().requires_grad_())
+            assert len(cut) == len(sliced) == len([i for i in mb.indices if i >= 0])
+            for a, b in zip(cut, sliced, strict=True):
+                assert a.shape == b.shape and torch.equal(a, b.detach())

@@ -74,7 +74,8 @@ class Advantages:
 
 
 def _broadcast(scalars: list[float], masks: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [torch.full_like(m, a) * m for a, m in zip(scalars, masks, strict=True)]
+    # m * a multiplies by a as a float32, as full_like(m, a) * m did, bit for bit, in one operation, not two.
+    return [m * a for a, m in zip(scalars, masks, strict=True)]
 
 
 def _kls(inputs: AdvantageInputs, kl_coef: float) -> list[torch.Tensor] | None:

@@ -69,15 +69,29 @@ class MicroBatch:
         )
 
     def per_sequence(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Cut a [rows, T] per-position tensor into per-sequence predictions of tokens 1..L-1.
+        """Cut a [rows, T, ...] per-position tensor into per-sequence predictions of tokens 1..L-1.
 
         Position j holds the prediction of token j+1, so sequence k gets values[start : start+L-1].
+        Without a graph (log-prob forwards) the pieces come from one split of the flat values, not one slice each.
         """
-        return [
-            values[row, start : start + length - 1]
-            for idx, row, start, length in zip(self.indices, self.rows, self.starts, self.lengths, strict=True)
-            if idx >= 0
-        ]
+        places = list(zip(self.indices, self.rows, self.starts, self.lengths, strict=True))
+        if values.requires_grad:  # training keeps one slice per sequence: the same backward as always
+            return [values[row, start : start + length - 1] for idx, row, start, length in places if idx >= 0]
+        width, sizes, keep, end = values.shape[1], [], [], 0
+        for idx, row, start, length in places:  # in row-major order of their places, as pack lays them out
+            begin, size = row * width + start, max(length - 1, 0)
+            if begin < end:  # not laid out by pack: a slice each
+                return [values[r, b : b + n - 1] for i, r, b, n in places if i >= 0]
+            if begin > end:
+                sizes.append(begin - end)  # a gap: last positions, padding, filler
+                keep.append(False)
+            sizes.append(size)
+            keep.append(idx >= 0)
+            end = begin + size
+        flat = values.reshape(-1, *values.shape[2:])  # [rows * T, ...]
+        sizes.append(flat.shape[0] - end)
+        keep.append(False)
+        return [piece for piece, kept in zip(flat.split(sizes), keep, strict=True) if kept]
 
 
 def pad_multiple(tp_size: int = 1, cp_size: int = 1, sequence_parallel: bool = False) -> int:
