@@ -23,7 +23,9 @@ from rollout.arguments import eval_data_keys
 from rollout.context import RolloutContext, running
 from rollout.continuous import ContinuousRollout
 from rollout.debug_data import load_rollout_data, save_rollout_data
-from rollout.evaluation import eval_sampling_params, evaluate_datasets
+from rollout.eval_config import dataset_configs
+from rollout.eval_hooks import all_dataset_hooks, close_dataset_hooks
+from rollout.evaluation import eval_sampling_params, evaluate_datasets, load_eval_dataset
 from rollout.fleet import EngineFleet
 from rollout.fleet_plan import expose_routers, plan_fleets, start_fleets
 from rollout.generate import sampling_params_from_args
@@ -107,10 +109,9 @@ class RolloutManager:
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         self.data_skipped: dict[str, int] = {}
         self.buffer = Buffer(self._data_source(), self.hooks.buffer_filter, args)
-        self.eval_datasets = {
-            name: load_dataset(args, path, self.tokenizer, evaluation=True)
-            for name, path in getattr(args, "eval_datasets", [])
-        }
+        # Each eval dataset read with its own keys, generated and scored by its own functions (rollout/eval_config.py).
+        self.eval_datasets = {c.name: load_eval_dataset(args, c, self.tokenizer) for c in dataset_configs(args)}
+        self.eval_hooks = all_dataset_hooks(args, self.hooks, dataset_configs(args))
         planned = plan_fleets(args, rollout_slots or [])  # --sglang-config's models, else the policy alone
         self.fleets: dict[str, EngineFleet] = {fleet.spec.name: fleet for fleet, _ in planned}
         self.fleet = planned[0][0]  # the policy's: it generates the rollouts and alone takes weight updates
@@ -310,6 +311,7 @@ class RolloutManager:
             fleet.stop_monitors()  # a router stopped from here on is not restarted
         self._stop_continuous()
         try:
+            self._run(close_dataset_hooks(self.hooks, self.eval_hooks))
             self._run(self.hooks.close())
         except Exception as exc:  # shutting down: report, then still stop the processes
             logger.warning("closing the reward function: %r", exc)
@@ -411,7 +413,8 @@ async def _evaluate(manager: RolloutManager, rollout_id: int) -> tuple[dict[str,
             if not isinstance(metrics, dict):
                 raise TypeError("--eval-function-path must return a dict of metrics")
             return metrics, []
-        metrics, groups = await evaluate_datasets(ctx, manager.eval_datasets, eval_sampling_params(manager.args))
+        params = eval_sampling_params(manager.args)
+        metrics, groups = await evaluate_datasets(ctx, manager.eval_datasets, params, manager.eval_hooks)
         metrics.update({f"eval/{k}": v for k, v in ctx.counters.items()})
         return metrics, groups
 

@@ -244,6 +244,22 @@ def test_eval_over_two_datasets_with_pass_at_k(make: Any, task: Path) -> None:
     assert {"eval/a/maj@4", "eval/b/maj@4", "eval/a/pass@4", "eval/b/reward_mean"} <= set(metrics)
 
 
+def test_eval_config_gives_each_dataset_its_own_fields(make: Any, task: Path) -> None:
+    """slime's --eval-config: per-dataset sample counts, lengths and rewards (custom_rm_path here, rm_type there)."""
+    config = task / "eval.yaml"
+    config.write_text(f"""eval:
+  defaults: {{max_response_len: 3, temperature: 1.0}}
+  datasets:
+  - {{name: a, path: {task / "eval_a.jsonl"}, n_samples_per_eval_prompt: 4, custom_rm_path: hooks_under_test.index_rm}}
+  - {{name: b, path: {task / "eval_b.jsonl"}, max_response_len: 5, rm_type: exact}}
+""")
+    metrics = make("--eval-config", str(config)).evaluate(0)
+    assert (metrics["eval/a/num_samples"], metrics["eval/b/num_samples"]) == (12, 2)  # 4 each, then the flag's 1
+    assert metrics["eval/a/reward_mean"] == 0.25 and metrics["eval/a/pass@4"] == 1.0  # its own reward function
+    assert metrics["eval/b/reward_mean"] == 0.0 and "eval/b/pass@2" not in metrics  # exact: never "6" or "8"
+    assert metrics["eval/a/response_len_mean"] <= 3 and metrics["eval/b/response_len_mean"] <= 5
+
+
 def test_data_source_plugin_with_reasoning_gym_scorer(make: Any) -> None:
     m = make("--data-source-path", "plugins.data_sources.ReasoningGymSource", "--rm-type", "reasoning_gym", data=False)
     groups, metrics = m.generate(0)
