@@ -10,7 +10,8 @@ Sections (figures and goals are explained in scripts/bench/README.md):
            POSTed straight to the SGLang server (and generate() straight to the server, to split the
            difference into router and client side), interleaved, medians.
   train    TrainActor.train's optimizer-step time (the engine's train_step with the project's loss) vs a
-           bare Megatron forward/backward/optimizer step on the same packed micro-batches, one process.
+           bare Megatron forward/backward/optimizer step on the same packed micro-batches, one process; and its
+           log-prob phase (old log-probs, advantages, metrics) vs a bare no-grad forward of those micro-batches.
   update   where a weight update's time goes: HF export, /flush_cache, the whole TrainActor.update_weights.
 """
 
@@ -36,11 +37,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 TAG = "SLIME_BENCH_TAG"  # set in every process this benchmark starts, to find leftovers by it
 SECTIONS = ("loop", "rollout", "train", "update")
-GOALS = {  # section -> (figure, comparison, goal); "update" is informational
+GOALS = {  # figure -> (name, comparison, goal); "update" is informational
     "loop": ("async step / max(gen, logprob+train)", "<=", 1.15),
     "rollout": ("rollout path / direct server (tok/s)", ">=", 0.95),
     "train": ("train step / bare Megatron step", "<=", 1.10),
+    "logprob": ("log-prob phase / bare no-grad forward", "<=", 1.10),
 }
+FIGURES = {"loop": ("loop",), "rollout": ("rollout",), "train": ("train", "logprob"), "update": ()}  # by section
 PHASES = (
     ("generate", "rollout/time"),
     ("log-prob", "time/logprob"),
@@ -479,8 +482,9 @@ class Bench:
 
         return AutoTokenizer.from_pretrained(self.model)
 
-    def train(self) -> float:
-        """Section 3; returns TrainActor's train time / bare Megatron step time (medians)."""
+    def train(self) -> dict[str, float]:
+        """Section 3; returns the figures "train" (TrainActor's train time / bare Megatron step) and "logprob"
+        (its log-prob phase / bare no-grad forward), each the median of per-repeat ratios."""
         import torch
         from megatron.core.distributed import finalize_model_grads
 
@@ -591,8 +595,15 @@ class Bench:
         print(
             f"  engine.train_step with the bare loss / bare step = {med[names[1]] / bare:.3f} (engine overhead alone)"
         )
+        per_repeat = zip(actor_times["time/logprob"], times["bare no-grad forward"], strict=True)
+        logprob = median([t / b for t, b in per_repeat])
+        print(
+            f"  TrainActor time/logprob (old log-probs, advantages, metrics) / bare no-grad forward: median of "
+            f"per-repeat ratios {logprob:.3f} (the figure; goal <= 1.10); engine.forward_logprobs alone "
+            f"{med['engine.forward_logprobs'] / bare_fwd:.3f}"
+        )
         self.attribute(engine, tokens, data)
-        return ratio
+        return {"train": ratio, "logprob": logprob}
 
     def attribute(self, engine: Any, tokens: list[list[int]], data: Any) -> None:
         """Time pieces of the engine's overhead on their own (medians of 5)."""
@@ -612,9 +623,17 @@ class Bench:
         def share() -> None:
             share_from_last_stage(outputs, lambda parts: {i: v for part in parts for i, v in part.items()})
 
+        actor = self.actor
+        rank_share = actor._own_share(data)
+        forwards, _ = actor._forwards(rank_share)
+
+        def rl_batch() -> None:
+            actor.step.rl_batch(rank_share, forwards)
+
         pieces = {
             "packing the batch (pack, all micro-batches)": packing,
             f"share_from_last_stage of {len(tokens)} log-prob tensors": share,
+            "the RL step's batch (rl_batch: advantages, metrics)": rl_batch,
         }
         print("  pieces of the overhead, timed alone:")
         for name, fn in pieces.items():
@@ -708,17 +727,18 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 except Exception as exc:
                     print(f"  start-up failed: {type(exc).__name__}: {exc}", flush=True)
-                    results.update({k: float("nan") for k in args.only if k in GOALS and k != "loop"})
+                    results.update({k: float("nan") for sec in args.only if sec != "loop" for k in FIGURES[sec]})
                     break
             began = time.monotonic()
             try:
                 value = sections[key]()
-                if key in GOALS:
+                if isinstance(value, dict):
+                    results.update(value)
+                elif key in GOALS:
                     results[key] = value
             except Exception as exc:  # report it and go on with the other sections
                 print(f"  section {key} failed: {type(exc).__name__}: {exc}", flush=True)
-                if key in GOALS:
-                    results[key] = float("nan")
+                results.update({k: float("nan") for k in FIGURES[key]})
             print(f"  ({key} section: {time.monotonic() - began:.0f}s)", flush=True)
     finally:
         if bench is not None:
