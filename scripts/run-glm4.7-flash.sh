@@ -15,16 +15,15 @@ DATA_ARGS=(--prompt-data "${PROMPT_DATA:-/root/data/train.jsonl}" --input-key pr
 ROLLOUT_ARGS=(--rollout-num-gpus-per-engine 8 --rollout-max-response-len 32768 --rollout-temperature 1.0 --rm-type deepscaler
               --sglang-mem-fraction-static 0.8 --sglang-enable-dp-attention --sglang-dp-size 8 --sglang-enable-dp-lm-head
               --sglang-moe-dense-tp-size 1 --sglang-max-running-requests 512)
-# ENABLE_MTP=1: slime's MTP_ARGS and EAGLE serving: the MTP layer is trained as the speculative draft. MTP training
-# takes neither PP nor CP here (docs/models.md, "MTP training"): PP 1 / CP 1 with EP 8 instead.
+# ENABLE_MTP=1: slime's MTP_ARGS and EAGLE serving: the MTP layer (on the last pipeline stage) is trained as the
+# speculative draft, at the same PP 2 x CP 2 layout (docs/models.md, "MTP training").
+LAYOUT_ARGS=(--pipeline-model-parallel-size 2 --context-parallel-size 2 --expert-model-parallel-size 4
+             --decoder-last-pipeline-num-layers 23)
 if [[ "${ENABLE_MTP:-0}" == 1 ]]; then
-  LAYOUT_ARGS=(--pipeline-model-parallel-size 1 --context-parallel-size 1 --expert-model-parallel-size 8)
   MTP_ARGS=(--mtp-num-layers 1 --enable-mtp-training --mtp-loss-scaling-factor 0.2
             --sglang-speculative-algorithm EAGLE --sglang-speculative-num-steps 3 --sglang-speculative-eagle-topk 1
             --sglang-speculative-num-draft-tokens 4)
 else
-  LAYOUT_ARGS=(--pipeline-model-parallel-size 2 --context-parallel-size 2 --expert-model-parallel-size 4
-               --decoder-last-pipeline-num-layers 23)
   MTP_ARGS=()
 fi
 PERF_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate

@@ -77,8 +77,8 @@ def test_glm_flash_with_mtp_training_passes_its_dry_run(dry_runs: dict[str, subp
     """run-glm4.7-flash.sh with ENABLE_MTP=1: slime's MTP flags and EAGLE decoding, checked against the config."""
     out = dry_runs["glm_mtp"]
     assert out.returncode == 0 and "dry run: OK, nothing started" in out.stdout, out.stdout + out.stderr
-    # MTP training takes neither PP nor CP: the mode's layout, not the default PP 2 x CP 2, was planned and checked.
-    assert "TP 2 x PP 1 x CP 1" in out.stdout and "PP 2" in dry_runs["run-glm4.7-flash.sh"].stdout
+    # MTP training at slime's layout: PP 2 (the MTP layer on the last stage) x CP 2.
+    assert "TP 2 x PP 2 x CP 2" in out.stdout and "--enable-mtp-training" not in out.stderr
 
 
 def test_flag_contradicting_the_hf_config_names_both(dry_runs: dict[str, subprocess.CompletedProcess[str]]) -> None:

@@ -1,6 +1,8 @@
 """torchrun worker: one MTP train step (tests/megatron/test_mtp.py's batch) at each layout named: tp2 (TP 2), ep2
-(EP 2 over DP 2, the engine splitting the batch) and dp2 (DP 2, each rank given its share: local=True); rank 0
-saves {layout: (metrics, exported HF tensors after the step)}.
+(EP 2 over DP 2, the engine splitting the batch), dp2 (DP 2, each rank given its share: local=True) and pp2 (PP 2,
+uneven as slime's --decoder-last-pipeline-num-layers makes it: the first stage 2 layers, the last 1 and the MTP
+block); rank 0 saves {layout: (metrics, exported HF tensors after the step, log-probs and exported HF tensors
+before it, per rank whether it holds the MTP block and its word embedding after the step)}.
 
 Usage: torchrun --nproc_per_node 2 tests/megatron/mtp_worker.py OUT.pt HF_DIR [LAYOUT,...]  (default tp2,dp2)
 """
@@ -12,7 +14,24 @@ import sys
 import torch
 import torch.distributed as dist
 
-LAYOUTS = {"tp2": {"tp": 2}, "ep2": {"tp": 1, "ep": 2, "etp": 1}, "dp2": {"tp": 1}}
+# layout: (init_parallel's sizes, the engine's TransformerConfig overrides)
+LAYOUTS = {
+    "tp2": ({"tp": 2}, {}),
+    "ep2": ({"tp": 1, "ep": 2, "etp": 1}, {}),
+    "dp2": ({"tp": 1}, {}),
+    "pp2": ({"tp": 1, "pp": 2}, {"num_layers_in_last_pipeline_stage": 1}),
+}
+
+
+def _word_embedding(engine: object) -> torch.Tensor | None:
+    """This rank's word embedding weight (the first stage's, or the copy the MTP stage holds), if it has one."""
+    for chunk in engine.model:
+        gpt = chunk
+        while hasattr(gpt, "module"):
+            gpt = gpt.module
+        if hasattr(gpt, "embedding"):
+            return gpt.embedding.word_embeddings.weight.detach().clone()
+    return None
 
 
 def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
@@ -20,19 +39,27 @@ def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
     from megatron.core import parallel_state as mpu
 
     from slime_like.trainer.megatron.parallel import init_parallel
-    from tests.megatron.test_mtp import _batch, _engine, _policy_loss
+    from tests.megatron.test_mtp import SEQUENCES, _batch, _engine, _policy_loss
 
     results = {}
     for layout in layouts.split(","):
-        init_parallel(**LAYOUTS[layout], seed=1234)
-        engine = _engine(hf_dir, mtp=True)
+        sizes, overrides = LAYOUTS[layout]
+        init_parallel(**sizes, seed=1234)
+        engine = _engine(hf_dir, mtp=True, **overrides)
+        holds_mtp: list = [None] * dist.get_world_size()
+        dist.all_gather_object(holds_mtp, any(engine.mtp.on(chunk) for chunk in engine.model))
+        initial = {n: t.clone() for n, t in engine.export_hf_weights()}
+        logprobs = engine.forward_logprobs(SEQUENCES)
         batch = _batch()
         local = layout == "dp2"
         if local:  # this rank's share of the step: sequences 0 and 2 on rank 0, sequence 1 on rank 1
             batch = batch.select([i for i in range(len(batch)) if (i % 2) == mpu.get_data_parallel_rank()])
         masks = engine.mtp.loss_masks(batch)
         metrics = engine.train_step(batch.tokens, batch, _policy_loss, local=local, mtp_loss_masks=masks)
-        results[layout] = (metrics, {n: t.clone() for n, t in engine.export_hf_weights()})
+        exported = {n: t.clone() for n, t in engine.export_hf_weights()}
+        embeddings: list = [None] * dist.get_world_size()  # per rank its (TP part of the) word embedding
+        dist.all_gather_object(embeddings, _word_embedding(engine))
+        results[layout] = (metrics, exported, logprobs, initial, holds_mtp, embeddings)
         mpu.destroy_model_parallel()
         dist.barrier()
     if dist.get_rank() == 0:

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from buffer.train_data import TrainData
+from slime_like.trainer.megatron import model as model_lib
+from slime_like.trainer.megatron import mtp as mtp_lib
 from slime_like.trainer.megatron.engine import MegatronTrainEngine
 from slime_like.trainer.megatron.optimizer import OptimizerSettings
 from tests.megatron.common import torch_dist_to_hf_round_trip
@@ -32,13 +34,13 @@ def _batch() -> TrainData:
     return TrainData(tokens=SEQUENCES, response_lengths=RESPONSES, loss_masks=masks)
 
 
-def _engine(hf_dir: Path, mtp: bool) -> MegatronTrainEngine:
+def _engine(hf_dir: Path, mtp: bool, **config_overrides: object) -> MegatronTrainEngine:
     # Plain SGD without clipping: the gradients are what the loss says (clipping would mix MTP and policy norms).
     settings = OptimizerSettings(
         lr=0.1, clip_grad=0.0, optimizer="sgd", sgd_momentum=0.0, use_distributed_optimizer=False
     )
     kwargs = {"mtp_layers": 1, "mtp_loss_scaling_factor": FACTOR} if mtp else {}
-    return MegatronTrainEngine(hf_dir, settings, max_tokens_per_micro_batch=24, **kwargs)
+    return MegatronTrainEngine(hf_dir, settings, max_tokens_per_micro_batch=24, **kwargs, **config_overrides)
 
 
 def _policy_loss(logprobs: list[torch.Tensor], micro: TrainData) -> torch.Tensor:
@@ -153,6 +155,12 @@ def test_mtp_refused_where_it_cannot_be_built(tiny_qwen3: Path, tiny_mimo_mtp: P
         MegatronTrainEngine(tiny_qwen3, None, mtp_layers=1)
     with pytest.raises(ValueError, match="--mtp-num-layers 2: the checkpoint has 1 MTP layer"):
         MegatronTrainEngine(tiny_mimo_mtp, None, mtp_layers=2)
+    from megatron.core import parallel_state as mpu
+
+    with pytest.MonkeyPatch.context() as patch:  # a virtual pipeline, as init_parallel(vpp=2) would set it
+        patch.setattr(mpu, "get_virtual_pipeline_model_parallel_world_size", lambda: 2)
+        with pytest.raises(ValueError, match="--enable-mtp-training with a virtual pipeline"):
+            mtp_lib.enable_mtp(model_lib.make_bridge(tiny_mimo_mtp), 1, 0.2)
 
 
 def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_mimo_mtp: Path, tmp_path: Path, megatron_world) -> None:
@@ -166,22 +174,42 @@ def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_mimo_mtp: Path, tmp_pa
     )
 
 
-def test_mtp_step_is_the_same_at_tp2_and_dp2(tiny_mimo_mtp: Path, tmp_path: Path, megatron_world) -> None:
-    """TP 2 (vocab-parallel MTP logits, column-parallel eh_proj) and DP 2 with each rank holding its share (the MTP
-    token count summed over DP) take the single-process step: same logged losses, same weights after it."""
+def check_parallel_steps(hf_dir: Path, tmp_path: Path, layouts: str) -> None:
+    """The MTP step at each of tests/megatron/mtp_worker.py's layouts is the single-process step: the same log-probs
+    before it (1e-5), the same export before it (bit-exact), the same logged losses (rel 1e-5) and the same weights
+    after it, the MTP layer's included; at PP 2 only the last stage holds the MTP block, and its copy of the word
+    embedding stays the first stage's."""
     from tests.megatron.launch import torchrun
 
-    engine = _engine(tiny_mimo_mtp, mtp=True)
+    engine = _engine(hf_dir, mtp=True)
+    initial = {n: t.clone() for n, t in engine.export_hf_weights()}
+    logprobs = engine.forward_logprobs(SEQUENCES)
     batch = _batch()
     expected = engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
     weights = {n: t.clone() for n, t in engine.export_hf_weights()}
-    torchrun(Path(__file__).with_name("mtp_worker.py"), [str(tmp_path / "out.pt"), str(tiny_mimo_mtp)])
-    for layout, (metrics, exported) in torch.load(tmp_path / "out.pt").items():
+    torchrun(Path(__file__).with_name("mtp_worker.py"), [str(tmp_path / "out.pt"), str(hf_dir), layouts])
+    results = torch.load(tmp_path / "out.pt")
+    assert sorted(results) == sorted(layouts.split(","))
+    for layout, (metrics, exported, layout_logprobs, layout_initial, holds_mtp, embeddings) in results.items():
+        assert holds_mtp == ([False, True] if layout == "pp2" else [True, True]), layout
+        if layout == "pp2":  # the MTP stage's copy of the embedding moved with the first stage's
+            assert torch.equal(embeddings[0], embeddings[1])
+        for got, want in zip(layout_logprobs, logprobs, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=f"{layout} log-probs")
+        assert sorted(layout_initial) == sorted(initial)
+        assert all(torch.equal(layout_initial[n], t) for n, t in initial.items()), layout
         for key in ("loss", "mtp_loss", "mtp_1_loss"):
             assert metrics[key] == pytest.approx(expected[key], rel=1e-5), (layout, key)
         assert sorted(exported) == sorted(weights)
         for name, tensor in exported.items():
             torch.testing.assert_close(tensor, weights[name], rtol=1e-5, atol=1e-6, msg=f"{layout} {name}")
+
+
+def test_mtp_step_is_the_same_at_tp2_dp2_and_pp2(tiny_mimo_mtp: Path, tmp_path: Path, megatron_world) -> None:
+    """TP 2 (vocab-parallel MTP logits, column-parallel eh_proj), DP 2 with each rank holding its share (the MTP
+    token count summed over DP) and PP 2 (the MTP block, and a copy of the embedding, on the last stage) take the
+    single-process step."""
+    check_parallel_steps(tiny_mimo_mtp, tmp_path, "tp2,dp2,pp2")
 
 
 def test_mtp_names_under_transformer_engine() -> None:
@@ -210,3 +238,23 @@ def test_trainer_rank_logs_mtp_losses_as_slime(
     assert metrics["train/mtp_loss"] == metrics["train/mtp_1_loss"] > 0
     after = dict(actor.engine.export_hf_weights())
     assert all(not torch.equal(after[n], t) for n, t in before.items() if not n.endswith("layernorm.weight"))
+
+
+def test_mtp_loss_follows_the_cp2_split(tmp_path: Path, megatron_world) -> None:
+    """CP 2 (tests/megatron/mtp_cp_worker.py: megatron-core's MTP block, two layers deep, without attention, which
+    the CPU cannot run under CP) gives one process's MTP losses and MTP-block gradients: the token ids roll across
+    the ranks' zig-zag chunks and each rank's targets are the full sequence's at its positions."""
+    from tests.megatron.launch import torchrun
+    from tests.megatron.mtp_cp_worker import run_step
+
+    logged, grads = run_step(1, 0)
+    assert logged["mtp_loss"] == pytest.approx(logged["mtp_1_loss"] + logged["mtp_2_loss"], rel=1e-6)
+    assert {n.split(".")[0] for n in grads} == {"mtp"}  # the loss trains the MTP block only
+    torchrun(Path(__file__).with_name("mtp_cp_worker.py"), [str(tmp_path)])
+    for rank in range(2):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        for key, value in logged.items():
+            assert result["logged"][key] == pytest.approx(value, rel=1e-5), (rank, key)
+        assert sorted(result["grads"]) == sorted(grads)
+        for name, grad in grads.items():
+            torch.testing.assert_close(result["grads"][name], grad, rtol=1e-5, atol=1e-7, msg=f"rank {rank} {name}")

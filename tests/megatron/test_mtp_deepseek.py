@@ -17,7 +17,15 @@ from safetensors.torch import save_file
 from slime_like.trainer.megatron.engine import MegatronTrainEngine
 from tests.megatron.common import torch_dist_to_hf_round_trip
 from tests.megatron.test_families import safetensors_of
-from tests.megatron.test_mtp import FACTOR, SEQUENCES, _batch, _engine, _main_grads, _policy_loss
+from tests.megatron.test_mtp import (
+    FACTOR,
+    SEQUENCES,
+    _batch,
+    _engine,
+    _main_grads,
+    _policy_loss,
+    check_parallel_steps,
+)
 from tests.megatron.tiny_families import _add_mtp_layer, make_deepseek_v3, make_glm4_moe, make_glm4_moe_lite
 
 MTP = "model.layers.3."  # the tiny model's 3 main layers are followed by its MTP layer
@@ -221,20 +229,9 @@ def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_glm_mtp: Path, tmp_pat
         assert torch.equal(back[name], tensor), name
 
 
-def test_mtp_step_is_the_same_at_ep2_and_dp2(tiny_glm_mtp: Path, tmp_path: Path, megatron_world) -> None:
-    """EP 2 (the MTP layer's experts split too) and DP 2 with each rank holding its share (the MTP token count summed
-    over DP) take the single-process step: same logged losses, same weights after it (tests/megatron/mtp_worker.py).
+def test_mtp_step_is_the_same_at_ep2_dp2_and_pp2(tiny_glm_mtp: Path, tmp_path: Path, megatron_world) -> None:
+    """EP 2 (the MTP layer's experts split too), DP 2 with each rank holding its share (the MTP token count summed
+    over DP) and PP 2 split as slime's GLM-4.7-Flash script splits it (--decoder-last-pipeline-num-layers: the MTP
+    layer on the last stage) take the single-process step (test_mtp.check_parallel_steps).
     TP 2 is not run: megatron-core refuses MoE with TP but without sequence parallel, which the CPU cannot run."""
-    from tests.megatron.launch import torchrun
-
-    engine = _engine(tiny_glm_mtp, mtp=True)
-    batch = _batch()
-    expected = engine.train_step(SEQUENCES, batch, _policy_loss, mtp_loss_masks=engine.mtp.loss_masks(batch))
-    weights = {n: t.clone() for n, t in engine.export_hf_weights()}
-    torchrun(Path(__file__).with_name("mtp_worker.py"), [str(tmp_path / "out.pt"), str(tiny_glm_mtp), "ep2,dp2"])
-    for layout, (metrics, exported) in torch.load(tmp_path / "out.pt").items():
-        for key in ("loss", "mtp_loss", "mtp_1_loss"):
-            assert metrics[key] == pytest.approx(expected[key], rel=1e-5), (layout, key)
-        assert sorted(exported) == sorted(weights)
-        for name, tensor in exported.items():
-            torch.testing.assert_close(tensor, weights[name], rtol=1e-5, atol=1e-6, msg=f"{layout} {name}")
+    check_parallel_steps(tiny_glm_mtp, tmp_path, "ep2,dp2,pp2")

@@ -1,6 +1,7 @@
 """--enable-mtp-training, --mtp-num-layers and --mtp-loss-scaling-factor with slime's meaning: slime's MiMo EAGLE
-launch script starts; the flag is refused, naming the cause, where the layout, the family or the checkpoint's MTP
-layers do not allow it; without the flag the MTP flags stay accepted without effect."""
+launch script starts, and so does GLM-4.7-Flash's at its PP 2 x CP 2 layout; the flag is refused, naming the cause,
+where the family or the checkpoint's MTP layers do not allow it; without the flag the MTP flags stay accepted without
+effect."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from slime_like.arguments import parse_args
-from slime_like.trainer.megatron.flags import mtp_config_problems, mtp_engine_args, no_effect_flags
+from slime_like.trainer.megatron.flags import (
+    model_config_overrides,
+    mtp_config_problems,
+    mtp_engine_args,
+    no_effect_flags,
+)
 from tests.unit.test_slime_flags import SLIME_MODEL_FILES
 from tools.reference_configs import write_reference_config
 
@@ -70,8 +76,6 @@ def test_mtp_flags_without_training_change_nothing(mimo: Path) -> None:
     [
         (("--mtp-num-layers", None), "--enable-mtp-training needs --mtp-num-layers N"),
         (("--mtp-num-layers", "2"), "--mtp-num-layers 2 contradicts num_nextn_predict_layers=1"),
-        (("--pipeline-model-parallel-size", "2"), "--enable-mtp-training with --pipeline-model-parallel-size 2"),
-        (("--context-parallel-size", "2"), "MTP layers are trained with PP 1 and CP 1 only"),
     ],
 )
 def test_mtp_training_refused(
@@ -109,32 +113,23 @@ def test_mtp_config_problems(mimo: Path, tmp_path: Path) -> None:
     )
 
 
-def _glm47_flash_run(hf: Path, pp_cp: str) -> list[str]:
-    """slime's run-glm4.7-30B-A3B.sh with its MTP_ARGS; pp_cp "1": at PP 1 / CP 1 (EP 8, as slime's script has it)."""
+def _glm47_flash_run(hf: Path) -> list[str]:
+    """slime's run-glm4.7-30B-A3B.sh with its MTP_ARGS (PP 2 with --decoder-last-pipeline-num-layers 23, CP 2)."""
     from tests.unit.test_slime_flags import SLIME_RUNS
 
-    run = list(SLIME_RUNS["glm4.7-flash"])
-    if pp_cp == "1":
-        for flag, value in (("--pipeline-model-parallel-size", "1"), ("--context-parallel-size", "1"),
-                            ("--expert-model-parallel-size", "8")):  # fmt: skip
-            run[run.index(flag) + 1] = value
-        i = run.index("--decoder-last-pipeline-num-layers")
-        del run[i : i + 2]
     mtp = ["--mtp-num-layers", "1", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.2"]
-    return [*SLIME_MODEL_FILES["glm4.7-flash"], "--hf-checkpoint", str(hf), *run, *mtp]
+    return [*SLIME_MODEL_FILES["glm4.7-flash"], "--hf-checkpoint", str(hf), *SLIME_RUNS["glm4.7-flash"], *mtp]
 
 
 def test_slime_glm47_flash_mtp_run_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """GLM-4.7-Flash (glm4_moe_lite) trains its MTP layer as slime's script asks, on its published config.json, at
-    PP 1 / CP 1; its PP 2 x CP 2 layout is refused naming both flags."""
+    the script's PP 2 x CP 2 layout: the dry run passes, and the model gets the script's uneven pipeline split (24
+    layers, then 23 and the MTP layer on the last stage)."""
     glm = write_reference_config("glm4.7-flash", tmp_path / "glm")
-    args = parse_args(_glm47_flash_run(glm, "1"))
+    args = parse_args(_glm47_flash_run(glm))
+    assert (args.pipeline_model_parallel_size, args.context_parallel_size) == (2, 2)
     assert mtp_engine_args(args) == {"mtp_layers": 1, "mtp_loss_scaling_factor": 0.2}
+    assert model_config_overrides(args, True, True)["num_layers_in_last_pipeline_stage"] == 23
     with pytest.raises(SystemExit) as exit_:
-        parse_args([*_glm47_flash_run(glm, "1"), "--dry-run"])
+        parse_args([*_glm47_flash_run(glm), "--dry-run"])
     assert exit_.value.code == 0 and "dry run: OK" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        parse_args(_glm47_flash_run(glm, "2"))
-    assert "--enable-mtp-training with --pipeline-model-parallel-size 2 / --context-parallel-size 2" in (
-        capsys.readouterr().err
-    )

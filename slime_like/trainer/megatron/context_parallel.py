@@ -54,6 +54,7 @@ class CPShard:
     position_ids: torch.Tensor  # [1, T/cp]
     targets: torch.Tensor  # [1, T/cp]: the full sequence's next token at each local position
     order: torch.Tensor  # [T]: full position p comes from the rank-concatenated outputs at order[p]
+    positions: torch.Tensor  # [T/cp]: the full-row positions this rank holds, in its local order
 
 
 def shard(mb: MicroBatch, cp_size: int, cp_rank: int) -> CPShard:
@@ -64,7 +65,7 @@ def shard(mb: MicroBatch, cp_size: int, cp_rank: int) -> CPShard:
     mine = per_rank[cp_rank]
     targets = mb.targets  # from the full row: position j's target is token j+1 of the same sequence
     order = torch.argsort(torch.cat(per_rank))
-    return CPShard(mb.tokens[:, mine], mb.position_ids[:, mine], targets[:, mine], order)
+    return CPShard(mb.tokens[:, mine], mb.position_ids[:, mine], targets[:, mine], order, mine)
 
 
 class _GatherOwnSliceGrad(torch.autograd.Function):

@@ -383,9 +383,9 @@ class MegatronTrainEngine:
             mask = None if self.transformer_engine or mb.attention_mask is None else mb.attention_mask.to(self.device)
             if replay is not None:
                 replay.before(model, mb)
-            with_mtp = self.mtp is not None and not forward_only
+            with_mtp = self.mtp is not None and not forward_only and self.mtp.on(model)  # the last PP stage's
             if with_mtp:
-                self.mtp.set_targets(model, mb, self.device)
+                self.mtp.set_targets(model, mb, self.device, shard)
             output = model(
                 tokens.to(self.device),
                 positions.to(self.device),

@@ -52,6 +52,12 @@ TE_SWITCHES: tuple[tuple[str, str, Any], ...] = (
     ("--no-rope-fusion", "apply_rope_fusion", False),
 )
 
+# Uneven pipeline stages: (flag dest, TransformerConfig field).
+PIPELINE_SPLIT = (
+    ("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
+    ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage"),
+)
+
 RECOMPUTE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
 
 # OptimizerConfig fields only meaningful with the optimizer's states on a GPU.
@@ -164,20 +170,14 @@ def validate_training_args(args: argparse.Namespace) -> None:
 
 
 def _check_mtp_layout(args: argparse.Namespace) -> None:
-    """--enable-mtp-training's needs that the command line alone decides (as slime: --mtp-num-layers is required)."""
+    """--enable-mtp-training's needs that the command line alone decides (as slime: --mtp-num-layers is required);
+    any PP and CP size trains them (the MTP block on the last pipeline stage, its loss over the CP split: mtp.py)."""
     from slime_like.core.errors import ArgumentError
 
     if not args.mtp_num_layers or args.mtp_num_layers < 1:
         raise ArgumentError(
             "--enable-mtp-training needs --mtp-num-layers N: the number of MTP layers of the checkpoint "
             "(its config's num_nextn_predict_layers)"
-        )
-    pp, cp = args.pipeline_model_parallel_size, args.context_parallel_size
-    if pp > 1 or cp > 1:
-        raise ArgumentError(
-            f"--enable-mtp-training with --pipeline-model-parallel-size {pp} / --context-parallel-size {cp}: MTP "
-            "layers are trained with PP 1 and CP 1 only (the MTP loss does not follow a CP split, and the MTP "
-            "block on the last pipeline stage is not loaded from HF yet); use TP/EP/DP, or drop the flag"
         )
 
 
@@ -237,9 +237,13 @@ def optimizer_settings(
 
 
 def model_config_overrides(args: argparse.Namespace, transformer_engine: bool, cuda: bool) -> dict[str, Any]:
-    """TransformerConfig fields the flags set, for make_bridge (kernel switches only with Transformer Engine;
-    recompute only on CUDA: Megatron's activation checkpointing saves and restores CUDA RNG states)."""
+    """TransformerConfig fields the flags set, for make_bridge (uneven pipeline stages; kernel switches only with
+    Transformer Engine; recompute only on CUDA: Megatron's activation checkpointing saves and restores CUDA RNG
+    states)."""
     out: dict[str, Any] = {}
+    for flag, field in PIPELINE_SPLIT:
+        if getattr(args, flag, None) is not None and args.pipeline_model_parallel_size > 1:
+            out[field] = getattr(args, flag)
     for field in (*(RECOMPUTE if cuda else ()), "hidden_dropout", "attention_dropout"):
         if getattr(args, field) is not None:
             out[field] = getattr(args, field)

@@ -21,6 +21,16 @@ Megatron averages per micro-batch means; they agree when a step is one micro-bat
 patched Megatron rolls its loss mask once more than its labels (the target token j+1+d is counted by the mask
 of token j+2+d); here each target is counted by its own mask.
 
+Parallel layouts: with pipeline parallel the MTP block is built on the last stage only, as Megatron-LM places it
+(megatron-core's get_gpt_mtp_block_spec builds none elsewhere); that stage also holds a copy of the word embedding,
+loaded from the checkpoint like the first stage's and kept equal to it by finalize_model_grads, and its MTP layers
+load and export under their own numbers (mtp.layers.{i}) from there. The MTP loss is computed on the last stage and
+joins the loss its backward starts from; the hidden states it reads are detached, so nothing flows back to earlier
+stages. With context parallel each rank holds its zig-zag share of every sequence (context_parallel.py):
+megatron-core rolls the token ids over the CP ranks (roll_tensor with cp_group and packed_seq_params), and the
+targets and weights here are the full row's at this rank's positions, so each rank's loss is its positions' part
+and the CP ranks' gradients add up to the whole loss's; the logged losses are summed over the CP group.
+
 The MTP loss is computed here rather than by passing `labels` to GPTModel.forward: megatron-core then
 returns the main cross-entropy instead of logits, and its label roll ignores sequence ends in the packed layout
 of the CPU path (one row, block-diagonal mask, no cu_seqlens). Targets past a sequence's end get weight 0.
@@ -78,14 +88,11 @@ def enable_mtp(bridge: Any, num_layers: int, scaling_factor: float) -> None:
             f"none (no model.layers.{hf.num_hidden_layers}.* tensors: transformers' save_pretrained drops them); "
             "convert from a checkpoint that keeps its MTP layers, or drop --enable-mtp-training"
         )
-    pp, cp = mpu.get_pipeline_model_parallel_world_size(), mpu.get_context_parallel_world_size()
-    if pp > 1 or cp > 1:
+    if mpu.get_virtual_pipeline_model_parallel_world_size() is not None:
         raise ValueError(
-            f"--enable-mtp-training with --pipeline-model-parallel-size {pp} / --context-parallel-size {cp}: the "
-            "engine trains MTP layers with PP 1 and CP 1 only (its MTP loss does not follow a CP split, and "
-            "megatron-core places MTP on the last stage, which the weight loader does not handle yet); use PP 1 and "
-            "CP 1, or drop --enable-mtp-training (and the converters' --mtp-num-layers): the MTP layers then pass "
-            "through unchanged"
+            "--enable-mtp-training with a virtual pipeline (VPP): the engine builds MTP layers on the last pipeline "
+            "stage without virtual stages only; drop VPP, or drop --enable-mtp-training (the MTP layers then pass "
+            "through unchanged)"
         )
     bridge.set_extra_args(mtp_num_layers=num_layers, mtp_loss_scaling_factor=scaling_factor)
     gptmodel_args = bridge._get_gptmodel_args
@@ -185,6 +192,8 @@ def _postprocess(
 
     if labels is not None or inference_context is not None:
         raise ValueError("the engine's MTP model computes no loss from labels and runs no inference context")
+    if not self.post_process:  # an earlier pipeline stage: its hidden states go on to the next (MTP is on the last)
+        return hidden_states
     output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
     targets = self.slime_like_mtp_targets
     if mtp_in_postprocess and targets is not None:
@@ -287,8 +296,14 @@ class MTPTraining:
         """Forget the step's masks."""
         self.masks = None
 
-    def set_targets(self, model: torch.nn.Module, mb: Any, device: torch.device) -> None:
-        """Before a training forward: each depth's target tokens and loss weights for this micro-batch."""
+    @staticmethod
+    def on(model: torch.nn.Module) -> bool:
+        """Whether this model chunk holds the MTP block (the last pipeline stage's)."""
+        return bool(getattr(_unwrap(model), "mtp_process", False))
+
+    def set_targets(self, model: torch.nn.Module, mb: Any, device: torch.device, shard: Any = None) -> None:
+        """Before a training forward: each depth's target tokens and loss weights for this micro-batch (shard: this
+        CP rank's part of it, context_parallel.CPShard; None without context parallel)."""
         assert self.masks is not None, "begin_step first"
         labels = torch.zeros((self.num_layers, *mb.tokens.shape), dtype=torch.long)
         weights = torch.zeros((self.num_layers, *mb.tokens.shape), dtype=torch.float32)
@@ -302,14 +317,21 @@ class MTPTraining:
                     continue
                 labels[d - 1, row, start : start + n] = tokens[1 + d :]
                 weights[d - 1, row, start : start + n] = mask[d:] / self.counts[d - 1]
+        if shard is not None:  # targets from the full row, at the positions this CP rank holds
+            labels, weights = labels[..., shard.positions], weights[..., shard.positions]
         gpt = _unwrap(model)
         gpt.slime_like_mtp_targets = (labels.to(device), weights.to(device))
 
     def take_loss(self, model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """After a training forward: this micro-batch's share of the scaled MTP loss and its unscaled metrics."""
+        from megatron.core import parallel_state as mpu
+
         gpt = _unwrap(model)
         losses, gpt.slime_like_mtp_losses, gpt.slime_like_mtp_targets = gpt.slime_like_mtp_losses, None, None
         assert losses is not None, "the forward ran without MTP targets"
-        metrics = {f"mtp_{d + 1}_loss": loss.detach() for d, loss in enumerate(losses)}
-        metrics["mtp_loss"] = sum(metrics.values())
+        logged = torch.stack([loss.detach() for loss in losses])
+        if mpu.get_context_parallel_world_size() > 1:  # each CP rank's loss is its positions' part
+            torch.distributed.all_reduce(logged, group=mpu.get_context_parallel_group())
+        metrics = {f"mtp_{d + 1}_loss": loss for d, loss in enumerate(logged)}
+        metrics["mtp_loss"] = logged.sum()
         return self.scale * sum(losses), metrics
