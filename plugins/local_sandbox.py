@@ -8,6 +8,7 @@ Each sandbox is
 - a per-sample copy of a repository (`repo`, copied to a fresh directory and bound read-write at `workdir`), its own
   home (/home/agent) and /tmp, the system's /usr and /etc read-only (with a passwd naming its one user, `agent`,
   uid 1000), and `binds` (sandbox path -> host path, read-only: e.g. the coding-agent CLIs); nothing else of the host;
+  `env` adds to the environment its commands start from (PATH, HOME=/home/agent, ...);
 - in new user, PID, network, IPC, UTS and cgroup namespaces (bwrap --unshare-all), run on the host as a user id of
   its own (so the kernel counts its processes apart from every other sandbox's, and it can read only what anyone may);
 - without a network: its namespace has nothing but its own loopback. Each port in `bridge` is served inside on
@@ -217,6 +218,7 @@ class LocalSandbox:
         binds: Mapping[str, str | Path] | None = None,
         bridge: Sequence[int] = (),
         limits: Limits | None = None,
+        env: Mapping[str, str] | None = None,
         base_dir: str | Path | None = None,
         keep: bool = False,
     ) -> None:
@@ -225,6 +227,7 @@ class LocalSandbox:
         self.binds = {k: str(v) for k, v in (binds or {}).items()}
         self.bridge = list(bridge)
         self.limits = limits or Limits()
+        self.env = {**base_env(workdir), **(env or {})}  # what every command starts from
         self.base_dir = Path(base_dir or os.environ.get("SLIME_AGENT_SANDBOX_DIR") or Path(tempfile.gettempdir()) / "slime-sandboxes")  # fmt: skip
         self.keep = keep
         self.sandbox_id = ""
@@ -275,7 +278,7 @@ class LocalSandbox:
         join = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; exec "$@"'
         argv = ["/bin/sh", "-c", join, "sh", *self._cgroups.procs_files(), "--", "prlimit", *rlimits, "--"]
         argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
-        argv += bwrap_argv(self.root, self.workdir, self.binds, self.bridge, base_env(self.workdir))
+        argv += bwrap_argv(self.root, self.workdir, self.binds, self.bridge, self.env)
         self._proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={"PATH": PATH}, start_new_session=True, limit=1 << 30,

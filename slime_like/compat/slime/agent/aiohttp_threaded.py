@@ -10,6 +10,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
+from plugins.agent_sandbox import allow_port
+
 
 class FilteredAccessLogger(AccessLogger):
     """An access log of the requests worth a look: failed (not 200) or slower than two minutes."""
@@ -78,4 +80,5 @@ def run_app_in_thread(
         raise TimeoutError(f"{thread_name}: the app did not start listening on {host}:{port} in {start_timeout_sec}s")
     if "error" in box:
         raise box["error"]
+    allow_port(int(box["port"]))  # a local sandbox's agent reaches it (plugins/agent_sandbox.py)
     return AppHandle(host, int(box["port"]), thread, box["loop"], box["runner"])
