@@ -1,7 +1,8 @@
 """A generate function written as slime's examples/coding_agent_rl drives `slime.agent`: a singleton adapter served
 from its own thread (`run_app_in_thread`), a session per sample, an agent that talks HTTP to it with the sid as its
-key, then `finish_session` -> one sample per branch. Even samples speak OpenAI, odd ones Anthropic. The agent
-answers, continues, then goes back to its first answer and tries a second continuation: a fork."""
+key, then `finish_session` -> one sample per branch. Even samples speak OpenAI (the first turn through /v1/responses),
+odd ones Anthropic. The agent answers, continues, then goes back to its first answer and tries a second continuation:
+a fork."""
 
 import secrets
 
@@ -34,6 +35,12 @@ class _AdapterService(metaclass=SingletonMeta):
 
 
 async def _openai_turn(http, url, sid, messages):
+    if len(messages) == 1:  # the first turn through the Responses API (today's Codex CLI speaks only that)
+        body = {"model": "m", "input": messages, "max_output_tokens": 6}
+        async with http.post(f"{url}/v1/responses", json=body, headers={"Authorization": f"Bearer {sid}"}) as r:
+            assert r.status == 200, await r.text()
+            output = (await r.json())["output"]
+            return "".join(part["text"] for item in output for part in item.get("content") or [])
     body = {"model": "m", "messages": messages, "max_tokens": 6}
     async with http.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {sid}"}) as r:
         assert r.status == 200, await r.text()

@@ -206,26 +206,28 @@ class BaseAdapter:
         self._turns[sid] = count + 1
         return sid
 
-    async def _chat(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One OpenAI chat turn of the sid, on the rollout's loop (wherever this app runs): the answer."""
+    async def _chat(self, sid: str, body: dict[str, Any], handler: Any = None) -> dict[str, Any]:
+        """One turn of the sid (OpenAI chat, or the endpoint dialect `handler`'s), on the rollout's loop (wherever
+        this app runs): the answer."""
         session = self.store[sid]
+        turn = self._turn(session, body, handler)
         if asyncio.get_running_loop() is session.loop:
-            return await self._turn(session, body)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._turn(session, body), session.loop))
+            return await turn
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(turn, session.loop))
 
-    async def _turn(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    async def _turn(self, session: Session, body: dict[str, Any], handler: Any = None) -> dict[str, Any]:
         """Pick (or fork, or start) the branch the messages continue and generate its next turn."""
         task = asyncio.current_task()
         assert task is not None
         session.inflight.add(task)
         try:
-            return await self._turn_on_loop(session, body)
+            return await self._turn_on_loop(session, body, handler)
         finally:
             session.inflight.discard(task)
 
-    async def _turn_on_loop(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    async def _turn_on_loop(self, session: Session, body: dict[str, Any], handler: Any = None) -> dict[str, Any]:
         conversation = session.conversation
-        answer = await session.endpoint.complete(conversation, body)
+        answer = await session.endpoint.complete(conversation, body, handler)
         if self.debug_callback is not None:
             branch = conversation.last
             assert branch is not None  # the call just ran on it
@@ -235,15 +237,16 @@ class BaseAdapter:
                 self.logger.exception("debug_callback failed (branch %s)", branch.id)
         return answer
 
-    async def _handle(self, request: web.Request, respond: Callable[..., Coroutine[Any, Any, web.StreamResponse]]) -> web.StreamResponse:  # fmt: skip
-        """Parse, translate (`self._to_openai`), run the turn, answer with `respond(request, body, answer)`."""
+    async def _handle(self, request: web.Request, respond: Callable[..., Coroutine[Any, Any, web.StreamResponse]], handler: Any = None) -> web.StreamResponse:  # fmt: skip
+        """Parse, translate (`self._to_openai`; a `handler` of an endpoint dialect takes the body as it is), run the
+        turn, answer with `respond(request, body, answer)`."""
         try:
             try:
                 body = await request.json()
             except ValueError as exc:
                 raise EndpointError(400, f"the body is not JSON: {exc}") from exc
             sid = self._sid_of(request, body)
-            answer = await self._chat(sid, self._to_openai(body))
+            answer = await self._chat(sid, body if handler is not None else self._to_openai(body), handler)
         except EndpointError as exc:
             return _error(exc)
         return await respond(request, body, answer)
