@@ -295,7 +295,8 @@ def per_sample_sums(columns: list[torch.Tensor], lengths: list[int]) -> list[lis
     float(values.sum()) of the sample's own tensor, bit for bit, in a few whole-batch operations.
 
     The samples of one length are summed as the rows of one [samples, length] tensor, which torch adds exactly as
-    it adds each row alone (a running or scatter sum would differ from it in the last bits)."""
+    it adds each row alone (a running or scatter sum would differ from it in the last bits); a unit test holds torch
+    to it (tests/unit/test_rl_step.py) for the CPU tensors the trainer makes these from."""
     sums = [[0.0] * len(lengths) for _ in columns]
     starts = list(accumulate(lengths, initial=0))
     by_length: dict[int, list[int]] = {}
