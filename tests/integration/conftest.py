@@ -40,6 +40,31 @@ def second_sglang_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="session")
+def long_tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3 with a 32k context and a chat template that renders tools (Qwen's shape): for coding agents."""
+    from tests.conftest import _make_tiny
+    from tests.integration.test_openai_endpoint import TOOLS_TEMPLATE
+
+    model = _make_tiny(tmp_path_factory, "qwen3", max_position_embeddings=32768)
+    (model / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    return model
+
+
+@pytest.fixture(scope="session")
+def long_sglang_server(long_tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
+    """A server on long_tiny_qwen3 with room for coding agents' long prompts (test_coding_agents.py,
+    test_coding_agent_rl.py)."""
+    server = SGLangServer(
+        long_tiny_qwen3, dtype="float32", log_dir=tmp_path_factory.mktemp("long-logs"), startup_timeout=240,
+        max_total_tokens=65536,
+    )  # fmt: skip
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def pause_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
     """A server with the flags every --pause-generation-mode needs (rollout/pause.py: retract's and in_place's; the
     session's first server has none of them), shared by test_delta_weight_sync.py, test_fully_async.py and

@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,7 @@ from plugins.agent_sandbox import cli_prefix
 from plugins.agent_sandbox import local_sandbox as make_sandbox
 from rollout.sglang_server import SGLangServer
 from slime_like.core.sample import Status
-from tests.conftest import _make_tiny
 from tests.integration.recorded_rollout import agent_args, recorded_rollout
-from tests.integration.test_openai_agents_sdk import TOOLS_TEMPLATE
 
 CLIS = [cli_prefix() / "node_modules/.bin" / name for name in ("claude", "codex")]
 MISSING = local_sandbox.check() or next(
@@ -57,30 +54,7 @@ def _repo(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen3 with a 32k context and a chat template that renders tools (Qwen's shape)."""
-    model = _make_tiny(tmp_path_factory, "qwen3", max_position_embeddings=32768)
-    (model / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
-    return model
-
-
-@pytest.fixture(scope="module")
-def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    server = SGLangServer(
-        long_model,
-        dtype="float32",
-        log_dir=tmp_path_factory.mktemp("logs"),
-        startup_timeout=240,
-        max_total_tokens=65536,
-    )  # noqa: E501
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def run(long_model: Path, server: SGLangServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def run(long_tiny_qwen3: Path, long_sglang_server: SGLangServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One rollout: a Claude Code sample and a Codex sample; every /generate sent (with when it was sent)."""
     root = tmp_path_factory.mktemp("coding-agents")
     repo = _repo(root)
@@ -93,7 +67,7 @@ def run(long_model: Path, server: SGLangServer, tmp_path_factory: pytest.TempPat
     ]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = agent_args(
-        long_model, root, "plugins.coding_agent.generate", "--custom-rm-path", "plugins.coding_agent.test_reward",
+        long_tiny_qwen3, root, "plugins.coding_agent.generate", "--custom-rm-path", "plugins.coding_agent.test_reward",
         "--rollout-max-context-len", "30000", "--sglang-tool-call-parser", "qwen25", samples=1, prompts=2, max_response_len=256,
     )  # fmt: skip
     args.coding_agent_time_budget = 240
@@ -106,7 +80,7 @@ def run(long_model: Path, server: SGLangServer, tmp_path_factory: pytest.TempPat
 
     rollout.generate.post_generate = timed  # type: ignore[assignment]
     try:
-        groups, metrics, sent = recorded_rollout(args, server.url)
+        groups, metrics, sent = recorded_rollout(args, long_sglang_server.url)
     finally:
         rollout.generate.post_generate = original  # type: ignore[assignment]
     return groups, metrics, sent, sent_at, repo
@@ -149,10 +123,10 @@ def test_both_clis_reach_the_engines_token_exact_with_the_sandboxs_reward(run: A
         assert 0 < startup < 60
 
 
-def test_the_sandbox_reaches_the_endpoint_and_nothing_else(run: Any, server: SGLangServer) -> None:
+def test_the_sandbox_reaches_the_endpoint_and_nothing_else(run: Any, long_sglang_server: SGLangServer) -> None:
     """A sandbox made as the plugin makes them, bridged to a port: that port answers, the SGLang server does not."""
     *_, repo = run
-    engine_port = int(server.url.rsplit(":", 1)[1])
+    engine_port = int(long_sglang_server.url.rsplit(":", 1)[1])
     probe = 'python3 -c \'import socket; socket.create_connection(("127.0.0.1", {}), timeout=3); print("reached")\' 2>&1 | tail -1'  # noqa: E501
 
     async def main() -> tuple[str, str]:
@@ -164,7 +138,7 @@ def test_the_sandbox_reaches_the_endpoint_and_nothing_else(run: Any, server: SGL
 
 
 @pytest.mark.slow  # Megatron on ~6k-token sequences with unfused CPU attention: ~1 min, ~15 GB at its peak
-def test_a_train_step_on_the_agents_samples(run: Any, long_model: Path) -> None:
+def test_a_train_step_on_the_agents_samples(run: Any, long_tiny_qwen3: Path) -> None:
     import torch
 
     from buffer.train_data import build_train_data
@@ -175,7 +149,7 @@ def test_a_train_step_on_the_agents_samples(run: Any, long_model: Path) -> None:
     groups, *_ = run
     data = build_train_data(groups)
     init_parallel(tp=1, pp=1, seed=1234)
-    engine = MegatronTrainEngine(long_model, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=8192)
+    engine = MegatronTrainEngine(long_tiny_qwen3, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=8192)
 
     def loss(per_sequence: Any, rows: Any) -> Any:
         terms = [-(lp[-n:] * torch.tensor(mask)).sum() for lp, (n, mask) in zip(per_sequence, rows, strict=True)]
