@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from rollout import openai_chat as chat
-from rollout.openai_chat import Emit
+from rollout.openai_chat import Emit, EventStream
 from rollout.openai_responses import Relay, shows_reasoning
 from rollout.openai_session import Conversation, EndpointError
 
@@ -187,7 +187,7 @@ async def handler(
 # --- server-sent events ------------------------------------------------------------------------------------------
 
 
-class MessagesStream:
+class MessagesStream(EventStream):
     """One message as Anthropic's server-sent events: a text block's deltas as they come, then each tool_use block
     (its input in one `input_json_delta`), `message_delta` with the stop reason and usage, `message_stop`."""
 
@@ -197,19 +197,6 @@ class MessagesStream:
         self.model = body.get("model") or model_name
         self.streamed: str | None = None  # the open text block's text (block 0), once text was streamed
         self.started = False
-
-    async def text(self, delta: str) -> None:
-        """Send a piece of the reply's text."""
-        await self._send(self.on_text(delta))
-
-    async def finish(self, message: dict[str, Any]) -> None:
-        """Send the rest of the finished message and its last events."""
-        await self._send(self.on_finish(message))
-
-    async def _send(self, events: list[bytes]) -> None:
-        assert self.emit is not None
-        for event in events:
-            await self.emit(event)
 
     @staticmethod
     def _event(kind: str, **data: Any) -> bytes:

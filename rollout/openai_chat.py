@@ -232,6 +232,33 @@ class TextFeed:
         await self.stream.finish(answer)
 
 
+class EventStream:
+    """A dialect's server-sent events, made by its `on_text(delta)` and `on_finish(answer)` and sent through `emit`."""
+
+    emit: Emit | None
+
+    def on_text(self, delta: str) -> list[bytes]:
+        """The events of a piece of the reply's text."""
+        raise NotImplementedError
+
+    def on_finish(self, answer: dict[str, Any]) -> list[bytes]:
+        """The events that end the answer (the dialect's own answer)."""
+        raise NotImplementedError
+
+    async def text(self, delta: str) -> None:
+        """Send a piece of the reply's text."""
+        await self._send(self.on_text(delta))
+
+    async def finish(self, answer: dict[str, Any]) -> None:
+        """Send the rest of the finished answer and its last events."""
+        await self._send(self.on_finish(answer))
+
+    async def _send(self, events: list[bytes]) -> None:
+        assert self.emit is not None
+        for event in events:
+            await self.emit(event)
+
+
 def make_stream(body: dict[str, Any], emit: Emit, model: str) -> ChatStream:
     """The Chat Completions / Completions stream of a call that asked for one."""
     return ChatStream(body, emit)

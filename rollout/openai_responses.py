@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout import openai_chat as chat
-from rollout.openai_chat import Emit
+from rollout.openai_chat import Emit, EventStream
 from rollout.openai_session import Conversation, EndpointError
 
 _REFUSED = ("conversation", "prompt", "background")
@@ -318,7 +318,7 @@ async def handler(
 # --- server-sent events ------------------------------------------------------------------------------------------
 
 
-class ResponsesStream:
+class ResponsesStream(EventStream):
     """One response as Responses' server-sent events: the text deltas as they come, then the rest of the output
     (a function call's arguments in one delta) and `response.completed` (`response.incomplete` when cut short)."""
 
@@ -330,19 +330,6 @@ class ResponsesStream:
         self.streamed = ""  # text sent so far
         self.sequence = 0
         self.started = False
-
-    async def text(self, delta: str) -> None:
-        """Send a piece of the reply's text."""
-        await self._send(self.on_text(delta))
-
-    async def finish(self, response: dict[str, Any]) -> None:
-        """Send the rest of the finished response and its last event."""
-        await self._send(self.on_finish(response))
-
-    async def _send(self, events: list[bytes]) -> None:
-        assert self.emit is not None
-        for event in events:
-            await self.emit(event)
 
     def _event(self, kind: str, **data: Any) -> bytes:
         self.sequence += 1
