@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugins.sandbox_init import pipe  # the same copy loop serves both ends of a bridged connection
+
 logger = logging.getLogger(__name__)
 
 INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
@@ -435,20 +437,6 @@ def _forward_to(port: int):
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     return handle
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        try:
-            writer.close()
-        except OSError:
-            pass

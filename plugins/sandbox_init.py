@@ -23,7 +23,8 @@ CTL_DIR = "/run/slime"
 OUTPUT_LIMIT = 8 << 20  # bytes kept of a command's stdout, and of its stderr
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy `reader` to `writer` until either side closes (one direction of a bridged connection)."""
     try:
         while data := await reader.read(1 << 16):
             writer.write(data)
@@ -44,7 +45,7 @@ def _bridge(port: int):
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     return handle
 
