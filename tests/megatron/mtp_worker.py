@@ -2,7 +2,8 @@
 (EP 2 over DP 2, the engine splitting the batch), dp2 (DP 2, each rank given its share: local=True) and pp2 (PP 2,
 uneven as slime's --decoder-last-pipeline-num-layers makes it: the first stage 2 layers, the last 1 and the MTP
 block); rank 0 saves {layout: (metrics, exported HF tensors after the step, log-probs and exported HF tensors
-before it, per rank whether it holds the MTP block and its word embedding after the step)}.
+before it, per rank whether it holds the MTP block and its word embedding after the step)}; pp2 also saves a
+torch_dist checkpoint after the step beside OUT.pt (pp2-ckpt).
 
 Usage: torchrun --nproc_per_node 2 tests/megatron/mtp_worker.py OUT.pt HF_DIR [LAYOUT,...]  (default tp2,dp2)
 """
@@ -10,6 +11,7 @@ Usage: torchrun --nproc_per_node 2 tests/megatron/mtp_worker.py OUT.pt HF_DIR [L
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,6 +59,8 @@ def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
         masks = engine.mtp.loss_masks(batch)
         metrics = engine.train_step(batch.tokens, batch, _policy_loss, local=local, mtp_loss_masks=masks)
         exported = {n: t.clone() for n, t in engine.export_hf_weights()}
+        if layout == "pp2":  # a torch_dist checkpoint of the PP 2 layout, the MTP stage's embedding copy included
+            engine.save_checkpoint(Path(out).with_name("pp2-ckpt"))
         embeddings: list = [None] * dist.get_world_size()  # per rank its (TP part of the) word embedding
         dist.all_gather_object(embeddings, _word_embedding(engine))
         results[layout] = (metrics, exported, logprobs, initial, holds_mtp, embeddings)

@@ -174,12 +174,13 @@ def test_trained_mtp_layer_survives_torch_dist_to_hf(tiny_mimo_mtp: Path, tmp_pa
     )
 
 
-def check_parallel_steps(hf_dir: Path, tmp_path: Path, layouts: str) -> None:
+def check_parallel_steps(hf_dir: Path, tmp_path: Path, layouts: str, convert: bool = False) -> None:
     """The MTP step at each of tests/megatron/mtp_worker.py's layouts is the single-process step: the same log-probs
     before it (1e-5), the same export before it (bit-exact), the same logged losses (rel 1e-5) and the same weights
     after it, the MTP layer's included; at PP 2 only the last stage holds the MTP block, and its copy of the word
-    embedding stays the first stage's."""
+    embedding stays the first stage's; convert: PP 2's torch_dist checkpoint converts to HF as the step's weights."""
     from tests.megatron.launch import torchrun
+    from tools.convert_torch_dist_to_hf import main as torch_dist_to_hf
 
     engine = _engine(hf_dir, mtp=True)
     initial = {n: t.clone() for n, t in engine.export_hf_weights()}
@@ -194,6 +195,12 @@ def check_parallel_steps(hf_dir: Path, tmp_path: Path, layouts: str) -> None:
         assert holds_mtp == ([False, True] if layout == "pp2" else [True, True]), layout
         if layout == "pp2":  # the MTP stage's copy of the embedding moved with the first stage's
             assert torch.equal(embeddings[0], embeddings[1])
+            if convert:  # its torch_dist checkpoint converts back to the step's weights, the MTP layer's included
+                torch_dist_to_hf(["--load", str(tmp_path / "pp2-ckpt"), "--hf-checkpoint", str(hf_dir), "--save",
+                                  str(tmp_path / "pp2-hf")])  # fmt: skip
+                converted = safetensors_of(tmp_path / "pp2-hf")
+                assert sorted(converted) == sorted(exported)
+                assert all(torch.equal(t, exported[n]) for n, t in converted.items())
         for got, want in zip(layout_logprobs, logprobs, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=f"{layout} log-probs")
         assert sorted(layout_initial) == sorted(initial)
@@ -208,8 +215,8 @@ def check_parallel_steps(hf_dir: Path, tmp_path: Path, layouts: str) -> None:
 def test_mtp_step_is_the_same_at_tp2_dp2_and_pp2(tiny_mimo_mtp: Path, tmp_path: Path, megatron_world) -> None:
     """TP 2 (vocab-parallel MTP logits, column-parallel eh_proj), DP 2 with each rank holding its share (the MTP
     token count summed over DP) and PP 2 (the MTP block, and a copy of the embedding, on the last stage) take the
-    single-process step."""
-    check_parallel_steps(tiny_mimo_mtp, tmp_path, "tp2,dp2,pp2")
+    single-process step; PP 2's torch_dist checkpoint converts to HF with the trained MTP layer."""
+    check_parallel_steps(tiny_mimo_mtp, tmp_path, "tp2,dp2,pp2", convert=True)
 
 
 def test_mtp_names_under_transformer_engine() -> None:
