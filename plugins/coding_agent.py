@@ -14,7 +14,8 @@ Responses API (`/s/<sid>/v1/responses`); the sample trains on the ids the engine
 (plugins/openai_agent.py; a history the CLI rewrote branches the session: one more sample per branch). Then the
 task's test runs in the same sandbox; `test_reward` is its result (1.0 when it passes). What happened is in
 `sample.metadata["coding_agent"]`: agent, exit_code (-1: its time budget ran out), tests_passed, test_output (tail),
-sandbox_s (start), agent_s, launched_at (time.monotonic() when the CLI was started: for start-up figures).
+diff (what the agent changed in a git workdir, before the test ran; tail), sandbox_s (start), agent_s, launched_at
+(time.monotonic() when the CLI was started: for start-up figures).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ RESULT_KEY = "coding_agent"
 HARNESSES: dict[str, type[BaseHarness]] = {"claude_code": ClaudeCodeHarness, "codex": CodexHarness}
 TIME_BUDGET_S = 600
 TEST_TIMEOUT_S = 300
+DIFF_CMD = "git add -N . 2>/dev/null && git diff -- . ':(exclude).harness/' 2>/dev/null"  # what the agent changed
+DIFF_BYTES = 16384
 
 
 def harness_for(name: str) -> BaseHarness:
@@ -69,11 +72,12 @@ async def run_task(task: dict[str, Any], base_url: str, api_key: str, time_budge
             api_key=api_key, extra_args=task["cli_args"],
         )  # fmt: skip
         agent_s = time.monotonic() - launched_at
+        _, diff, _ = await sb.exec(DIFF_CMD, cwd=task["workdir"], timeout=60)
         rc, out, err = await sb.exec(task["test_cmd"], cwd=task["workdir"], timeout=TEST_TIMEOUT_S)
         _, log, _ = await sb.exec(f"tail -c 4096 {task['workdir']}/.harness/trajectory.jsonl 2>/dev/null")
     return {"agent": task["agent"], "exit_code": exit_code, "tests_passed": rc == 0, "test_exit_code": rc,
             "test_output": (out + err)[-2048:], "agent_output": log, "sandbox_s": round(sandbox_s, 3),
-            "agent_s": round(agent_s, 3), "launched_at": launched_at}  # fmt: skip
+            "agent_s": round(agent_s, 3), "launched_at": launched_at, "diff": diff[-DIFF_BYTES:]}  # fmt: skip
 
 
 async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:

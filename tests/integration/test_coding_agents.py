@@ -103,6 +103,7 @@ def test_both_clis_reach_the_engines_token_exact_with_the_sandboxs_reward(run: A
         assert sample.status in (Status.COMPLETED, Status.TRUNCATED), sample.metadata.get("agent_error")
         # The reward is the sandbox's test run: the random model fixed nothing, so it failed.
         assert result["tests_passed"] is False and "FAILED (failures=1)" in result["test_output"]
+        assert result["diff"] == "" or result["diff"].startswith("diff --git")  # what it changed, if anything
         assert sample.reward == 0.0
         # Token in, token out: the sample is the last call's ids plus what SGLang sampled, each model span masked 1.
         (last,) = [t for t in sent if t["input_ids"] + _sampled(t)[0] == sample.tokens]
