@@ -6,10 +6,13 @@ import argparse
 from typing import Any
 
 from buffer.arguments import resolve_num_rollout
-from rollout.eval_config import resolve_eval_datasets
+from rollout.eval_config import REFUSED_RM_TYPES, resolve_eval_datasets
 
 # Built-in reward types of --rm-type (rollout/rewards.py maps each name to its scorer).
-RM_TYPES = ("math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote")
+RM_TYPES = (
+    "math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote", "gpqa", "random",
+    "boxed_math", "boxed_exact", "boxed_f1", "boxed_gpqa",
+)  # fmt: skip
 # /pause_generation modes of SGLang (weight updates under --fully-async).
 PAUSE_MODES = ("abort", "retract", "in_place")
 # slime's fully-async rollout function: it runs as --fully-async here (docs/fully-async.md).
@@ -203,7 +206,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         help="which contract hooks follow: auto = slime's for a hook whose module imports slime, else ours",
     )
     r = parser.add_argument_group("reward")
-    r.add_argument("--rm-type", default="math", choices=RM_TYPES, help="built-in reward (see docs/plugins.md)")
+    r.add_argument("--rm-type", default="math", choices=RM_TYPES + tuple(REFUSED_RM_TYPES),
+                   help="built-in reward (see docs/plugins.md); slime's ifbench is refused, naming why")  # fmt: skip
     r.add_argument("--custom-rm-path", default=None, help="(args, sample) -> reward, sync or async")
     r.add_argument("--group-rm", action="store_true", help="--custom-rm-path scores a group: (args, group) -> rewards")
     r.add_argument("--reward-key", default=None, help="key of the training reward when rewards are dicts")
@@ -283,6 +287,8 @@ def validate_rollout_args(args: argparse.Namespace) -> None:
         raise ValueError("--group-generate needs --custom-generate-function-path")
     if args.group_rm and not args.custom_rm_path:
         raise ValueError("--group-rm needs --custom-rm-path (the built-in rewards score one sample at a time)")
+    if args.rm_type in REFUSED_RM_TYPES and not args.custom_rm_path:
+        raise ValueError(f"--rm-type {args.rm_type} is not supported here: {REFUSED_RM_TYPES[args.rm_type]}")
     if args.rm_type == "remote" and not args.custom_rm_path and not args.rm_url:
         raise ValueError("--rm-type remote needs --rm-url")
     # With --sglang-config the one frozen model's router becomes --rm-url when the fleet starts (rollout/fleet_plan.py).

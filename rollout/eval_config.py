@@ -51,6 +51,12 @@ NO_EFFECT = (
 
 # slime's --rm-type names that are ours under another name.
 RM_TYPE_ALIASES = {"remote_rm": "remote"}
+# slime's rm_types that cannot score here, with why (an error at start, for --rm-type as for an eval dataset).
+REFUSED_RM_TYPES = {
+    "ifbench": "slime's ifbench scorer runs AllenAI's IFBench instruction checkers, which are not on PyPI (slime "
+    "git-clones github.com/allenai/IFBench at run time) and whose requirements pin numpy==1.26.4 and spacy==3.7.4 "
+    "against this engine's numpy 2; score such a dataset with custom_rm_path (--custom-rm-path) instead",
+}
 
 # Sampling fields -> the SGLang sampling parameter each sets.
 SAMPLING = {
@@ -214,6 +220,9 @@ def check_config(config: EvalDatasetConfig, where: str, rm_types: tuple[str, ...
     """Raise ValueError for values this engine cannot honour (named with `where`); rm_type one of `rm_types`."""
     if config.rm_type is not None:
         config.rm_type = RM_TYPE_ALIASES.get(config.rm_type, config.rm_type)
+        if config.rm_type in REFUSED_RM_TYPES:
+            raise ValueError(f"{where}: rm_type {config.rm_type!r} is not supported here: "
+                             f"{REFUSED_RM_TYPES[config.rm_type]}")  # fmt: skip
         if rm_types is not None and config.rm_type not in rm_types:
             raise ValueError(f"{where}: rm_type {config.rm_type!r} is not a built-in reward here (built in: "
                              f"{', '.join(rm_types)}); score it with custom_rm_path")  # fmt: skip

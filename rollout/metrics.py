@@ -43,8 +43,10 @@ def rollout_metrics(
 
 def slime_log_metrics(groups: list[list[Sample]], args: Any, prefix: str = "rollout") -> dict[str, float]:
     """--log-passrate: pass@k over each group (a sample passes at --eval-pass-threshold); --log-reward-category KEY:
-    the share of samples per value of reward[KEY] (slime's error_cat/<value>)."""
+    the share of samples per value of reward[KEY] (slime's error_cat/<value>); --log-multi-turn and
+    --log-correct-samples (rollout/slime_stats.py)."""
     from rollout.evaluation import ks_for, pass_at_k
+    from rollout.slime_stats import correct_sample_metrics, multi_turn_metrics
 
     metrics: dict[str, float] = {}
     sized = [g for g in groups if g]
@@ -59,4 +61,9 @@ def slime_log_metrics(groups: list[list[Sample]], args: Any, prefix: str = "roll
         categories = [s.reward.get(key) if isinstance(s.reward, dict) else None for s in samples]
         for value in dict.fromkeys(categories):
             metrics[f"error_cat/{value}"] = categories.count(value) / len(samples)
+    if getattr(args, "log_multi_turn", False):
+        metrics.update(multi_turn_metrics(samples, args.rollout_max_response_len))
+    if getattr(args, "log_correct_samples", False):
+        rewards = [task_reward(s, args.reward_key) for s in samples]
+        metrics.update(correct_sample_metrics(samples, rewards, args.rollout_max_response_len, prefix))
     return metrics

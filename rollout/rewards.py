@@ -8,6 +8,7 @@ import functools
 import inspect
 import logging
 import math
+import random
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -235,15 +236,45 @@ def _pooled(target: str, args: Any, *fields: str) -> RewardFunction:
     return RewardFunction(score, on_close=pool.close)
 
 
+def random_reward(sample: Sample) -> float:
+    """slime's `random`: 0 or 1 at random (Python's `random` module), whatever the response."""
+    return float(random.randint(0, 1))
+
+
+def boxed_reward(name: str) -> Callable[[Sample], float]:
+    """slime's `boxed_<name>`: `name` scores the content of the last \\boxed{} of the response ("" without one)."""
+    from rollout.rm_hub import f1, gpqa
+    from rollout.rm_hub.boxed import last_boxed
+
+    def score(sample: Sample) -> float:
+        answer = last_boxed(sample.response)
+        if name == "math":  # the math grader on the box's content as the answer (slime's grades it as a solution)
+            return 1.0 if answer is not None and _same_answer(answer, sample.label) else 0.0
+        if name == "exact":
+            return 1.0 if (answer or "").strip() == str(sample.label).strip() else 0.0
+        if name == "f1":
+            return f1.f1_reward(answer or "", sample.label)
+        return gpqa.gpqa_reward(answer or "", sample.label, sample.metadata)
+
+    return score
+
+
 def _builtin(name: str, args: Any) -> RewardFunction:
     """The built-in reward of `--rm-type name`."""
-    from rollout.rm_hub import boxed, f1, gym, math_verify_rm
+    from rollout.rm_hub import boxed, f1, gpqa, gym, math_verify_rm
 
     plain: dict[str, Callable[[str, Any], float]] = {
         "dapo": boxed.dapo_reward,
         "deepscaler": boxed.deepscaler_reward,
         "f1": f1.f1_reward,
     }
+    if name.startswith("boxed_"):
+        scorer = boxed_reward(name.removeprefix("boxed_"))
+        return RewardFunction(lambda _a, s: scorer(s), inline=True)
+    if name == "gpqa":
+        return RewardFunction(lambda _a, s: gpqa.gpqa_reward(s.response, s.label, s.metadata), inline=True)
+    if name == "random":
+        return RewardFunction(lambda _a, s: random_reward(s), inline=True)
     if name == "math":
         return RewardFunction(lambda _a, s: math_reward(s), inline=True)
     if name == "exact":

@@ -67,6 +67,18 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         help="rewards are dicts: log the share of samples per value of reward[KEY] (error_cat/<value>), as slime",
     )
     g.add_argument(
+        "--log-multi-turn",
+        action="store_true",
+        help="log multi_turn/*: response lengths with and without tool/environment tokens, and the samples' "
+        "metadata['round_number'] (rollout/slime_stats.py)",
+    )
+    g.add_argument(
+        "--log-correct-samples",
+        action="store_true",
+        help="log the samples of raw reward 1: their mean length, its share per quarter of "
+        "--rollout-max-response-len (rollout/correct_length/p25...), their mean -log p (rollout/correct_entropy)",
+    )
+    g.add_argument(
         "--rollout-data-transport",
         default="object-store",
         choices=["object-store", "nixl"],
@@ -104,13 +116,6 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "slime.rollout.forge_load (replaying dumped .pt rollouts with the servers live) has no counterpart here; "
         "--load-debug-rollout-data replays dumps without servers",
     )
-    for flag in ("--log-multi-turn", "--log-correct-samples"):
-        add_refused(
-            n,
-            flag,
-            "not implemented: slime's train-side statistics of multi-turn rollouts and of correct samples' "
-            "lengths; --custom-rollout-log-function-path gets every sample to log such statistics",
-        )
     add_refused(
         n,
         "--disable-rollout-global-dataset",

@@ -41,7 +41,7 @@ def test_the_fields_are_slimes() -> None:
 
 
 def test_slimes_multi_task_example_parses_per_dataset(base: list[str], tmp_path: Path) -> None:
-    # slime's examples/eval_multi_task/multi_task.yaml, with rm_types built in here (its gpqa/ifbench are not).
+    # slime's examples/eval_multi_task/multi_task.yaml without its ifbench dataset (refused: no IFBench checkers).
     config = _yaml(
         tmp_path,
         """eval:
@@ -58,11 +58,16 @@ def test_slimes_multi_task_example_parses_per_dataset(base: list[str], tmp_path:
       rm_type: f1
       n_samples_per_eval_prompt: 2
       top_p: 0.9
+    - name: gpqa
+      path: /root/gpqa/gpqa_eval.jsonl
+      rm_type: gpqa
+      n_samples_per_eval_prompt: 2
 """,
     )
     args = _parse(base, config, "--eval-prompt-data", "other.jsonl", "--eval-temperature", "0.3")
-    assert args.eval_datasets == [("aime", "/root/aime-2024/aime-2024.jsonl"), ("f1set", "/root/f1.jsonl")]
-    aime, f1set = args.eval_dataset_configs
+    assert args.eval_datasets[:2] == [("aime", "/root/aime-2024/aime-2024.jsonl"), ("f1set", "/root/f1.jsonl")]
+    aime, f1set, gpqa = args.eval_dataset_configs
+    assert gpqa.rm_type == "gpqa"
     assert (aime.rm_type, aime.n_samples_per_eval_prompt, aime.top_p) == ("deepscaler", 16, 0.7)
     assert (f1set.rm_type, f1set.n_samples_per_eval_prompt, f1set.top_p) == ("f1", 2, 0.9)
     assert aime.max_response_len == f1set.max_response_len == 16384
@@ -105,7 +110,7 @@ def test_every_field_is_accepted_and_resolved(
     [
         ("    temperture: 0.6\n", "dataset 'a' sets 'temperture', which is not a field of slime's eval dataset"),
         ("    top_k: high\n", "'top_k' must be int, got str 'high'"),
-        ("    rm_type: ifbench\n", "rm_type 'ifbench' is not a built-in reward here"),
+        ("    rm_type: ifbench\n", "rm_type 'ifbench' is not supported here: "),
         ("    multimodal_keys: {image: img}\n", "multimodal_keys: no multimodal inputs yet"),
         ("    n_samples_per_eval_prompt: 0\n", "n_samples_per_eval_prompt must be at least 1"),
         ("    min_eval_samples: 0\n", "min_eval_samples must be positive"),
