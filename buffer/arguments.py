@@ -39,6 +39,13 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--n-samples-per-prompt", type=int, default=1, help="samples per prompt (the GRPO group size)")
     g.add_argument(
+        "--disable-rollout-global-dataset",
+        action="store_false",
+        dest="rollout_global_dataset",
+        help="slime's: the run has no prompt dataset (--prompt-data is not read); the rollout function named by "
+        "--rollout-function-path gets groups of empty Samples to fill with data of its own",
+    )
+    g.add_argument(
         "--data-source-path",
         default=None,
         help="(args, tokenizer) -> data source with get_groups/state_dict/load_state_dict (default: --prompt-data)",
@@ -52,6 +59,11 @@ def resolve_num_rollout(args: argparse.Namespace) -> None:
         return  # given both, slime ignores --num-epoch
     if args.num_epoch is None:
         raise ValueError("set --num-rollout N (rollouts to run) or --num-epoch N (passes over --prompt-data)")
+    if not getattr(args, "rollout_global_dataset", True):
+        raise ValueError(
+            "--num-epoch counts the prompts of --prompt-data, which --disable-rollout-global-dataset leaves unread: "
+            "set --num-rollout (as slime)"
+        )
     if args.num_epoch < 1:
         raise ValueError(f"--num-epoch {args.num_epoch} must be at least 1")
     if not args.prompt_data or args.data_source_path:

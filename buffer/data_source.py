@@ -209,3 +209,39 @@ class DataSource:
         self.offset = state["offset"]
         self.next_group_index = state["next_group_index"]
         self._order = self._epoch_order(self.epoch)
+
+
+class EmptySource:
+    """slime's --disable-rollout-global-dataset: no prompt dataset; groups of empty Samples for a rollout function
+    that supplies its own data (slime's RolloutDataSource without a dataset)."""
+
+    dataset = None  # slime's data source reports len() 0 then
+
+    def __init__(self, n_samples_per_prompt: int) -> None:
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.next_group_index = 0
+
+    def get_groups(self, num_groups: int) -> list[list[Sample]]:
+        """`num_groups` groups of empty Samples, numbered on from the last (group and sample indices)."""
+        first = self.next_group_index
+        self.next_group_index += num_groups
+        n = self.n_samples_per_prompt
+        return [
+            [new_sample(group_index=g, index=g * n + i) for i in range(n)] for g in range(first, first + num_groups)
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The group counter (slime saves nothing for this source; resuming keeps indices unique here)."""
+        return {"next_group_index": self.next_group_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict` (or from a --prompt-data source's state: its group counter)."""
+        self.next_group_index = int(state.get("next_group_index", 0))
+
+    def __len__(self) -> int:
+        return 0
+
+
+def empty_source(args: Any, tokenizer: Any = None) -> EmptySource:
+    """The data source of a run with --disable-rollout-global-dataset (a --data-source-path factory's signature)."""
+    return EmptySource(args.n_samples_per_prompt)

@@ -246,7 +246,14 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate_rollout_args(args: argparse.Namespace) -> None:
     """Fill rollout defaults, reject contradictions and load every plugin (raises ValueError naming the flag)."""
-    if not args.prompt_data and not args.data_source_path:
+    if not getattr(args, "rollout_global_dataset", True):
+        if not args.rollout_function_path:
+            raise ValueError(
+                "--disable-rollout-global-dataset leaves the run without prompts (the data source serves empty "
+                "samples): it needs --rollout-function-path naming a rollout function that supplies its own data "
+                "(slime's built-in rollout refuses the flag too)"
+            )
+    elif not args.prompt_data and not args.data_source_path:
         raise ValueError("the training prompts are missing: set --prompt-data FILE (or --data-source-path)")
     if args.prefill_num_servers is not None:
         raise ValueError(

@@ -165,9 +165,18 @@ def load_hooks(args: Any) -> RolloutHooks:
         reward_post_process=loaded.get(REWARD_POST_PROCESS_FLAG),
         rollout_function=loaded.get("--rollout-function-path"),
         eval_function=loaded.get("--eval-function-path"),
-        data_source_factory=loaded.get("--data-source-path"),
+        data_source_factory=loaded.get("--data-source-path") or _no_dataset(args),
         sample_hooks=load_sample_hooks(getattr(args, "rollout_sample_hook_path", None)),
         rollout_log=loaded.get(ROLLOUT_LOG_FLAG),
         eval_log=loaded.get(EVAL_LOG_FLAG),
         contracts=contracts,
     )
+
+
+def _no_dataset(args: Any) -> Callable[[Any, Any], Any] | None:
+    """--disable-rollout-global-dataset: the factory of the source of empty samples (None: the prompt dataset)."""
+    if getattr(args, "rollout_global_dataset", True):
+        return None
+    from buffer.data_source import empty_source
+
+    return empty_source

@@ -116,12 +116,6 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "slime.rollout.forge_load (replaying dumped .pt rollouts with the servers live) has no counterpart here; "
         "--load-debug-rollout-data replays dumps without servers",
     )
-    add_refused(
-        n,
-        "--disable-rollout-global-dataset",
-        "the rollout manager always owns the prompt dataset (--prompt-data or --data-source-path); a "
-        "--rollout-function-path that manages its own data can ignore the buffer it is given",
-    )
 
 
 def validate_slime_rollout_args(args: argparse.Namespace) -> None:

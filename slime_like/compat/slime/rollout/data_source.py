@@ -52,7 +52,7 @@ class RolloutDataSource(DataSource):
         self.metadata: dict[str, Any] = {}
         self.dataset = None
         self.source: PromptSource | None = None
-        if args.prompt_data:
+        if getattr(args, "rollout_global_dataset", True) and args.prompt_data:  # as slime: the flag reads none
             self.dataset = load_dataset(args, args.prompt_data, load_tokenizer(args.hf_checkpoint))
             self.source = PromptSource(
                 self.dataset, args.n_samples_per_prompt, shuffle=args.rollout_shuffle, seed=args.rollout_seed
