@@ -185,16 +185,16 @@ class EngineFleet:
             return error
         return None
 
-    def _engine_failed(self, engine: Engine, error: Exception) -> None:
+    def _engine_failed(self, engine: Engine, error: Exception, what: str = "failed its health check") -> None:
         """Take a failed engine out of the router and stop its processes; it restarts before the next update."""
         with self._engines_lock:
             if engine.dead or engine not in self.engines:
                 return
             engine.dead = True
             self.engine_failures += 1
-        logger.warning("%s%s failed its health check (%s): taken out of the router, restarted before the next "
-                       "weight update", self._name(), engine.describe(), error)  # fmt: skip
-        if self.router is not None:
+        logger.warning("%s%s %s (%s): taken out of the router, restarted before the next weight update",
+                       self._name(), engine.describe(), what, error)  # fmt: skip
+        if self.router is not None and not engine.joining:  # a restarted one waiting for weights was never in it
             try:
                 ray.get(self.router.remove_worker.remote(engine.url), timeout=60)
             except Exception as exc:  # the router may have dropped it already
@@ -247,6 +247,33 @@ class EngineFleet:
             self._server_urls = [e.url for e in self.engines]
         return self.server_urls()
 
+    def verdict(self, urls: list[str], cause: str) -> list[str]:
+        """A weight update failed (`cause`): check the engines at `urls` (processes running, HTTP answering: /health
+        hangs while paused); each that fails is taken out and restarts before the next update. The URLs still alive."""
+        engines = [e for e in self.engines if e.url in urls and not e.dead]
+        with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
+            errors = list(pool.map(self._reachable, engines))
+        for engine, error in zip(engines, errors, strict=True):
+            if error is not None:
+                self._engine_failed(engine, error, f"failed during a weight update ({cause})")
+        alive = {e.url for e in self.engines if not e.dead}
+        return [url for url in urls if url in alive or not self.engines]  # servers started elsewhere: not ours
+
+    def _reachable(self, engine: Engine) -> Exception | None:
+        """Why the engine cannot take weights (a process exited, its server does not answer), or None."""
+        timeout = self.args.rollout_health_check_timeout
+        try:
+            if not all(ray.get([a.alive.remote() for a in engine.parts], timeout=timeout)):
+                raise EngineError(f"{engine.describe()}: its SGLang process exited")
+            client.get(engine.url, "/get_model_info", timeout=timeout)
+        except Exception as error:  # any failure means it cannot take the weights
+            return error
+        return None
+
+    def live_urls(self) -> list[str]:
+        """The servers not taken out (all of them when started elsewhere)."""
+        return [e.url for e in self.engines if not e.dead] if self.engines else self.server_urls()
+
     def rejoin(self) -> int:
         """After a weight update: restarted engines (now at the trainer's weights) join the router; the health
         checks resume. Returns how many joined."""
@@ -254,6 +281,7 @@ class EngineFleet:
             joining = [e for e in self.engines if e.joining]
             for engine in joining:
                 engine.joining = False
+            joining = [e for e in joining if not e.dead]  # died before its update: restarts before the next one
             if self.router is not None:
                 try:
                     for engine in joining:

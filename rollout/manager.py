@@ -176,6 +176,10 @@ class RolloutManager:
                 fleet.heal()  # frozen groups heal themselves on failure; this catches a restart that failed
         return self.fleet.recover()
 
+    def engine_verdict(self, urls: list[str], cause: str) -> list[str]:
+        """A weight update failed: the engines of `urls` the fleet still counts alive (dead ones taken out)."""
+        return self.fleet.verdict(urls, cause)
+
     def rejoin_engines(self) -> int:
         """After a weight update: restarted engines join the router; how many joined."""
         return self.fleet.rejoin()
@@ -358,12 +362,12 @@ class RolloutManager:
     def pause_generation(self, mode: str) -> None:
         """--fully-async, before a weight update: pause every server in `mode` (abort, retract, in_place)."""
         if self._continuous is not None:
-            self._run(self._continuous.pause(mode, self.server_urls()))
+            self._run(self._continuous.pause(mode, self.fleet.live_urls()))
 
     def continue_generation(self, version: int) -> None:
         """--fully-async, after a weight update: generation goes on at weight `version`."""
         if self._continuous is not None:
-            self._run(self._continuous.resume(version, self.server_urls()))
+            self._run(self._continuous.resume(version, self.fleet.live_urls()))
 
     def _stop_continuous(self) -> None:
         """Abort what the continuous rollout still runs (bounded) and close its context."""

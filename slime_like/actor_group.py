@@ -166,9 +166,12 @@ class TrainGroup:
         refs = [a.train.remote(rollout_id, shares[d]) for a, d in zip(self.actors, self._dp_ranks, strict=True)]
         return self._gather(refs, "trainer ranks ran train")[0]
 
-    def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
-        """Push weights into the servers; returns seconds taken on rank 0."""
-        return self._all("update_weights", server_urls, version, transport, output_dir)
+    def update_weights(
+        self, server_urls: list[str], version: int, transport: str, output_dir: str, fleet: Any = None
+    ) -> float:
+        """Push weights into the servers (`fleet`: the rollout manager, judge of engines that die meanwhile); returns
+        seconds taken on rank 0."""
+        return self._all("update_weights", server_urls, version, transport, output_dir, fleet)
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Every rank closes its weight channel, frees its model and leaves torch.distributed (bounded)."""

@@ -205,7 +205,7 @@ class Run:
             return 0.0
         self._recover_engines()
         seconds = self.trainer.update_weights(
-            self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir
+            self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir, self._fleet()
         )
         if self.args.use_fault_tolerance:  # the restarted ones now hold these weights: they may serve
             ray.get(self.rollout.rejoin_engines.remote())
@@ -227,6 +227,10 @@ class Run:
         if engines != self.engines:
             self.engines = engines
             self._write_placement()
+
+    def _fleet(self) -> Any:
+        """--use-fault-tolerance: the rollout manager, whose fleet judges an engine a weight update failed on."""
+        return self.rollout if self.args.use_fault_tolerance else None
 
     def _offload_trainer(self) -> None:
         """With --offload-train on GPU: trainer memory off the GPU (no-op when already off); keep the accounting."""
@@ -382,7 +386,9 @@ class Run:
         self._recover_engines()
         self.wait(self.rollout.pause_generation.remote(args.pause_generation_mode), "generation paused")
         try:
-            self.trainer.update_weights(self.server_urls, rollout_id + 1, args.update_weight_transport, args.output_dir)
+            self.trainer.update_weights(
+                self.server_urls, rollout_id + 1, args.update_weight_transport, args.output_dir, self._fleet()
+            )
         finally:  # a failed update still lets generation go on (a paused server would hang every request)
             self.wait(self.rollout.continue_generation.remote(rollout_id + 1), "generation continued")
         if args.use_fault_tolerance:

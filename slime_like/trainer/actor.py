@@ -323,16 +323,27 @@ class TrainActor:
             share, self.step.collectives, "rollout_routed_experts", "--use-rollout-routing-replay", hint
         )
 
-    def update_weights(self, server_urls: list[str], version: int, transport: str, output_dir: str) -> float:
+    def update_weights(
+        self, server_urls: list[str], version: int, transport: str, output_dir: str, fleet: Any = None
+    ) -> float:
         """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the
-        gather), retrying and falling back as the weight-update flags say; optionally check the result."""
+        gather), retrying and falling back as the weight-update flags say; optionally check the result. With
+        `fleet` (the rollout manager, --use-fault-tolerance) an engine that dies meanwhile is its to take out."""
+        from slime_like.trainer.weights.factory import make_updater
+        from slime_like.trainer.weights.updater import ask_fleet
+
         start = time.monotonic()
-        if self.transport is not None and server_urls != self.transport_urls:  # an engine was restarted
+        # An engine was restarted, or the last update lost one (its updater targets only those left).
+        if self.transport is not None and (server_urls != self.transport_urls or self.transport.urls is not None):
             self.transport.close()
             self.transport = None
         if self.transport is None:
-            self.transport = self._make_transport(server_urls, transport, output_dir)
+            multi_lora = self.lora_slots is not None
+            self.transport = make_updater(
+                self.args, server_urls, transport, output_dir, self.engine.lora, multi_lora, self.master_addr, self.rank
+            )
             self.transport_urls = list(server_urls)
+        self.transport.fleet = ask_fleet(fleet, self.args.rollout_health_check_timeout) if fleet else None
         # --fully-async pauses with its mode (requests stay in flight); every other loop drains (abort).
         mode = self.args.pause_generation_mode if self.args.fully_async else "abort"
         # A LoRA run sends its adapter only: the servers keep the base they started with (weights/lora.py).
@@ -342,62 +353,28 @@ class TrainActor:
         used = self.transport.update(export, version, mode)
         if self.lora_slots is not None:
             self.lora_slots.changed.clear()
-        if self.args.check_weight_update:
-            worst = self.check_weights(server_urls, f"after the update to version {version}")
-            logger.info("weight version %d over %s: servers match the trainer within %.2g", version, used, worst)
+        if self.args.check_weight_update:  # the engines the update reached: the fleet took out any that died
+            live = self.transport.urls if self.transport.urls is not None else server_urls
+            worst = self.check_weights(live, f"after the update to version {version}", self.transport.fleet)
+            logger.info("weight version %d over %s: servers match the trainer within %.2g (%d servers)", version, used,
+                        worst, len(live))  # fmt: skip
         return time.monotonic() - start
 
-    def check_weights(self, server_urls: list[str], when: str) -> float:
+    def check_weights(self, server_urls: list[str], when: str, fleet: Any = None) -> float:
         """Compare a probe's log-probs on every server with this trainer's (--check-weight-update); the largest
-        difference, or WeightUpdateError naming the server, the difference and both precisions."""
+        difference, or WeightUpdateError naming the server, the difference and both precisions (`fleet`: the
+        updater's verdict, which skips a server that died since)."""
         from slime_like.trainer.weights.check import check_servers
 
         tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
+        check = partial(check_servers, self.engine, server_urls, tolerance, self.rank, fleet=fleet)
         if self.lora_slots is None:
-            return check_servers(self.engine, server_urls, tolerance, self.rank, when)
+            return check(when)
         worst = 0.0
         for name in self.lora_slots.names:  # multi-LoRA: each adapter against the servers' adapter of that name
             self.lora_slots.activate(name)
-            worst = max(worst, check_servers(self.engine, server_urls, tolerance, self.rank, f"{when} ({name})", name))
+            worst = max(worst, check(f"{when} ({name})", name))
         return worst
-
-    def _make_transport(self, server_urls: list[str], kind: str, output_dir: str):
-        """A WeightUpdater with `kind` as the transport and the --update-weight-fallback one behind it."""
-        from slime_like.trainer.weights.disk import DiskTransport
-        from slime_like.trainer.weights.distributed import DistributedTransport
-        from slime_like.trainer.weights.tensor import TensorTransport
-        from slime_like.trainer.weights.updater import WeightUpdater
-
-        args = self.args
-        size, timeout, tp = args.update_weight_buffer_size, args.update_weight_timeout, args.rollout_num_gpus_per_engine
-        if self.engine.lora is not None:  # no full-weight fallback: it would replace the base the adapter is for
-            from slime_like.trainer.weights.lora import LoraTransport, MultiLoraTransport
-
-            directory = os.path.join(output_dir, "lora")
-            settings = self.engine.lora
-            # multi-LoRA: each adapter under its name, from lora/<name>/v<N>/
-            kind_class = LoraTransport if self.lora_slots is None else MultiLoraTransport
-            factory = {
-                "lora": lambda: kind_class(server_urls, settings, args.hf_checkpoint, directory, timeout_s=timeout)
-            }
-            return WeightUpdater(factory, "lora", None, args.update_weight_retries, self.rank)
-        factories = {
-            # Rank 0's node address (MASTER_ADDR): engines on other nodes join the weight group there.
-            "distributed": lambda: DistributedTransport(
-                server_urls, size, tp_per_server=tp, master_address=self.master_addr, timeout_s=timeout
-            ),
-            "tensor": lambda: TensorTransport(server_urls, size, tp_per_server=tp, timeout_s=timeout),
-            "disk": lambda: DiskTransport(
-                server_urls, size, args.hf_checkpoint, disk_dir, timeout, args.update_weight_disk_keep_files
-            ),
-        }
-        disk_dir = args.update_weight_disk_dir or os.path.join(output_dir, "weights")
-        if args.update_weight_local_checkpoint_dir:  # delta, or full versions pulled to host-local disks
-            from slime_like.trainer.weights.delta import make_delta_transport
-
-            factories["disk"] = lambda: make_delta_transport(args, server_urls, disk_dir)
-        fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
-        return WeightUpdater(factories, kind, fallback, args.update_weight_retries, self.rank)
 
     def shutdown(self) -> None:
         """Close the weight channel (servers leave its group), free the model and leave torch.distributed, before

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -24,6 +25,27 @@ from rollout import sglang_client as client
 logger = logging.getLogger(__name__)
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+# Fault tests: the dotted path of hook(phase, urls, version), called by rank 0 at each phase of an update (start,
+# paused, flushed, sending: after the first tensor, sent, tagged) to kill an engine at a known point.
+HOOK_ENV = "SLIME_LIKE_WEIGHT_UPDATE_HOOK"
+
+
+def phase(name: str, urls: list[str], version: int) -> None:
+    """Call the phase hook of HOOK_ENV, if one is set."""
+    path = os.environ.get(HOOK_ENV)
+    if path:
+        from slime_like.core.plugin_loader import load_plugin
+
+        load_plugin(path, HOOK_ENV)(name, list(urls), version)
+
+
+def _announced(named_tensors: NamedTensors, urls: list[str], version: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors, with the "sending" phase announced once the first has been taken."""
+    for i, item in enumerate(named_tensors):
+        yield item
+        if i == 0:
+            phase("sending", urls, version)
 
 
 class WeightTransport(abc.ABC):
@@ -50,17 +72,24 @@ class WeightTransport(abc.ABC):
     def update(self, named_tensors: NamedTensors, version: int, pause_mode: str = "abort") -> None:
         """Pause generation (`pause_mode`: SGLang's abort, retract or in_place), flush caches, send, tag `version`,
         continue generation (rollout/pause.py)."""
+        if os.environ.get(HOOK_ENV):
+            named_tensors = _announced(named_tensors, self.server_urls, version)
         self.around(self.server_urls, lambda: self.send(named_tensors, version), version, pause_mode)
 
     def around(self, urls: list[str], send: Callable[[], None], version: int, pause_mode: str) -> None:
         """The protocol on the servers `urls`, with `send()` as its sending step."""
         timeout = self.timeout_s
+        phase("start", urls, version)
         try:  # continued below also when a pause failed: a server left paused hangs every request
             pause.pause_all(urls, pause_mode, timeout)
+            phase("paused", urls, version)
             if self.flush_cache:
                 pause.flush_paused(urls, pause_mode, max(3, int(timeout // 10)))
+            phase("flushed", urls, version)
             send()
+            phase("sent", urls, version)
             client.on_all(urls, client.set_weight_version, version, timeout)
+            phase("tagged", urls, version)
         finally:
             try:
                 pause.continue_all(urls, timeout)

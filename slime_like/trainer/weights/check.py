@@ -13,7 +13,7 @@ import torch
 
 from rollout import sglang_client as client
 from slime_like.core.errors import EngineError, WeightUpdateError
-from slime_like.trainer.weights.updater import share_from_rank0
+from slime_like.trainer.weights.updater import Verdict, share_from_rank0
 
 PROBE_LENGTH = 24
 
@@ -55,13 +55,20 @@ def trainer_logprobs(engine: Any, tokens: list[int]) -> torch.Tensor:
 
 
 def check_servers(
-    engine: Any, server_urls: list[str], tolerance: float, rank: int, when: str, lora_path: str | None = None
+    engine: Any,
+    server_urls: list[str],
+    tolerance: float,
+    rank: int,
+    when: str,
+    lora_path: str | None = None,
+    fleet: Verdict | None = None,
 ) -> float:
     """Compare the probe's log-probs on every server with the trainer's; return the largest difference.
 
     `when` starts the error message ("after the update to version 3", "before the first rollout"), which also
     names the precision the server and the trainer run at: a server at another precision is the usual cause
-    before the first rollout.
+    before the first rollout. With `fleet`, a server whose probe fails and that the fleet then takes out (it died
+    since the update) is skipped: it restarts before the next update.
     """
     tokens = probe_tokens(engine.bridge.hf_config.vocab_size)
     expected = trainer_logprobs(engine, tokens)
@@ -76,6 +83,8 @@ def check_servers(
             try:
                 diff = float((served_logprobs(url, tokens, lora_path=lora_path) - expected).abs().max())
             except WeightUpdateError as exc:
+                if fleet is not None and not _kept(fleet, url, str(exc)):
+                    continue
                 worst, problem = float("inf"), str(exc)
                 break
             worst = max(worst, diff)
@@ -87,3 +96,11 @@ def check_servers(
     if problem is not None:
         raise WeightUpdateError(problem)
     return worst
+
+
+def _kept(fleet: Verdict, url: str, cause: str) -> bool:
+    """Whether the fleet still counts `url` alive after its probe failed (also when the fleet cannot say)."""
+    try:
+        return url in fleet([url], cause)
+    except Exception:  # no verdict: the failure stands
+        return True

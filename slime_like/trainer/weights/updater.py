@@ -5,6 +5,12 @@ rank 0 also sends. After each attempt rank 0's outcome is broadcast, so all rank
 stop together. A failure is logged in one line naming the version, the transport and the cause; when
 every attempt failed the update raises WeightUpdateError with each cause. Nothing waits without a bound:
 every server call and broadcast has a timeout.
+
+With a fleet (--use-fault-tolerance) an engine that dies around the update is not the update's failure: after a
+failed attempt rank 0 asks the fleet for its verdict on the engines the update targets (rollout/fleet.py `verdict`:
+the dead ones are taken out of the router and restart before the next update, out of service until an update gives
+them the weights). When it took any out, the same attempt runs again on those left, without using up a retry; the
+update fails only when none is left, saying so.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from slime_like.core.errors import WeightUpdateError
 from slime_like.trainer.weights.base import NamedTensors, WeightTransport
 
 logger = logging.getLogger(__name__)
+
+Verdict = Callable[[list[str], str], list[str]]  # (target URLs, the failure) -> the URLs the fleet counts alive
 
 # Failures of the channel (a dead or stalled server, a broken group): worth a retry or the fallback.
 _RETRIABLE = (WeightUpdateError, RuntimeError, OSError, TimeoutError)
@@ -38,6 +46,13 @@ def share_from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def ask_fleet(fleet: Any, timeout: float) -> Verdict:
+    """The verdict of the rollout manager `fleet` (a Ray actor handle), whose engine checks take up to `timeout` s."""
+    import ray
+
+    return lambda urls, cause: ray.get(fleet.engine_verdict.remote(urls, cause), timeout=timeout + 60)
+
+
 class WeightUpdater:
     """Runs weight updates with a primary transport, retries and a fallback, chosen by name."""
 
@@ -48,8 +63,11 @@ class WeightUpdater:
         fallback: str | None = "disk",
         retries: int = 1,
         rank: int = 0,
+        fleet: Verdict | None = None,
     ) -> None:
         self.factories = factories
+        self.fleet = fleet
+        self.urls: list[str] | None = None  # the engines still targeted after the fleet took some out
         self.attempts = [primary] * (1 + retries)
         if fallback and fallback != primary:
             self.attempts.append(fallback)
@@ -63,10 +81,15 @@ class WeightUpdater:
         if self.version is not None and version <= self.version:
             raise ValueError(f"weight version {version} is not above the current one ({self.version})")
         causes = []
-        for attempt, kind in enumerate(self.attempts):
+        attempt = 0
+        while attempt < len(self.attempts):
+            kind = self.attempts[attempt]
             named = export()
             outcome = self._attempt(kind, named, version, pause_mode) if self.rank == 0 else _drain(named)
             outcome = share_from_rank0(outcome)
+            if outcome is not None and outcome[2] is not None:  # the fleet took engines out: again on those left
+                self._engines_lost(version, kind, outcome[0], outcome[2])
+                continue
             if outcome is None:
                 self.version = version
                 if attempt:
@@ -74,7 +97,7 @@ class WeightUpdater:
                         "weight update to version %d succeeded over %s after %d failure(s)", version, kind, attempt
                     )
                 return kind
-            cause, retriable = outcome
+            cause, retriable, _ = outcome
             causes.append(f"{kind}: {cause}")
             following = self.attempts[attempt + 1] if retriable and attempt + 1 < len(self.attempts) else None
             then = (
@@ -88,20 +111,59 @@ class WeightUpdater:
             )  # fmt: skip
             if following is None:
                 break
+            attempt += 1
         raise WeightUpdateError(f"weight update to version {version} failed: " + " | ".join(causes))
 
-    def _attempt(self, kind: str, named: NamedTensors, version: int, pause_mode: str) -> tuple[str, bool] | None:
-        """Rank 0's try: None on success, else (cause, whether another attempt makes sense)."""
+    def _attempt(
+        self, kind: str, named: NamedTensors, version: int, pause_mode: str
+    ) -> tuple[str, bool, tuple[list[str], list[str]] | None] | None:
+        """Rank 0's try: None on success, else (cause, whether another attempt makes sense, the URLs left and those
+        taken out when the fleet took engines out)."""
         try:
-            transport = self.transports.get(kind) or self.factories[kind]()
+            transport = self.transports.get(kind)
+            if transport is None:
+                transport = self.factories[kind]()
+                if self.urls is not None:  # read at connect and send: the transport serves the engines left
+                    transport.server_urls = list(self.urls)
             self.transports[kind] = transport
             transport.update(named, version, pause_mode)
             return None
         except Exception as exc:
+            targets = list(self.transports[kind].server_urls) if kind in self.transports else self.urls
             self._reset(kind)
-            return f"{type(exc).__name__}: {exc}", isinstance(exc, _RETRIABLE)
+            cause = f"{type(exc).__name__}: {exc}"
+            return cause, isinstance(exc, _RETRIABLE), self._verdict(targets, cause)
         finally:
             _drain(named)  # a send that stopped part-way leaves the rest of the export to finish
+
+    def _verdict(self, targets: list[str] | None, cause: str) -> tuple[list[str], list[str]] | None:
+        """(The engines of `targets` the fleet still counts alive, those it took out), or None when it took none out
+        (or has no say)."""
+        if self.fleet is None or targets is None:
+            return None
+        try:
+            alive = set(self.fleet(targets, cause))
+        except Exception as exc:  # the fleet did not answer: the attempt counts as the transport's failure
+            logger.warning("asking the engine fleet about the failed weight update: %r", exc)
+            return None
+        lost = [url for url in targets if url not in alive]
+        return ([url for url in targets if url in alive], lost) if lost else None
+
+    def _engines_lost(self, version: int, kind: str, cause: str, verdict: tuple[list[str], list[str]]) -> None:
+        """The fleet took engines out: target the rest, or raise when none is left."""
+        live, lost = verdict
+        self.urls = list(live)
+        for transport in list(self.transports):
+            self._reset(transport)
+        if not live:
+            raise WeightUpdateError(
+                f"weight update to version {version} failed: no engine of the policy is left (the last failed "
+                f"over {kind}: {cause})"
+            )
+        logger.warning(
+            "weight update to version %d over %s: the engine fleet took out %s after %s; sending to the %d left",
+            version, kind, ", ".join(lost), cause, len(live),
+        )  # fmt: skip
 
     def _reset(self, kind: str) -> None:
         """Drop a transport after a failure; the next attempt builds and connects a fresh one."""
