@@ -53,6 +53,7 @@ class TrainData:
     is_weights: list[Tensor] = field(default_factory=list)  # an off-policy correction is on
     old_values: list[Tensor] = field(default_factory=list)  # ppo: the critic's values
     returns: list[Tensor] = field(default_factory=list)  # ppo: the critic's targets
+    entropy: list[Tensor] = field(default_factory=list)  # --use-rollout-entropy: the old policy's, per token
     # Set per optimizer step: the coefficients of --loss-agg-mode (times the loss mask) and of token-mean metrics.
     token_weights: list[Tensor] = field(default_factory=list)
     metric_weights: list[Tensor] = field(default_factory=list)

@@ -26,6 +26,7 @@ from slime_like.trainer.algorithms.loss import value_loss_fn
 from slime_like.trainer.algorithms.rl_step import Forwards, RLStep, every_sample
 from slime_like.trainer.algorithms.step_hooks import ADVANTAGE_FLAG, LOSS_FLAG, load_step_hooks
 from slime_like.trainer.hooks import load_trainer_hooks
+from slime_like.trainer.rollout_entropy import old_policy_forward
 
 logger = logging.getLogger(__name__)
 
@@ -284,10 +285,7 @@ class TrainActor:
         # --use-routing-replay records the old-policy forward's and replays them in training. Ref and critic route.
         routing = self._rollout_routing(share) if getattr(args, "use_rollout_routing_replay", False) else None
         self._before_log_prob("")
-        if getattr(args, "use_routing_replay", False) and routing is None:
-            old_full, routing = self.engine.forward_logprobs_and_routing(data.tokens, local=True)
-        else:
-            old_full = self.engine.forward_logprobs(data.tokens, routing=routing, local=True)
+        old_full, entropy, routing = old_policy_forward(self.engine, args, data.tokens, routing)
         old_lp = _response(old_full, lengths)
         ref_lp = None
         if self.ref_weights is not None:
@@ -297,7 +295,7 @@ class TrainActor:
         if self.critic is not None:
             values = _response(self.critic.forward_values(data.tokens, local=True), lengths)
         teacher = self._teacher_log_probs(share) if args.use_opd else None
-        return Forwards(old_lp, ref_lp, values, teacher), routing
+        return Forwards(old_lp, ref_lp, values, teacher, entropy and _response(entropy, lengths)), routing
 
     def _teacher_log_probs(self, share: RankShare) -> list[torch.Tensor]:
         """--use-opd: this rank's samples' teacher log-probs (--opd-type megatron: the teacher's forward here; sglang:

@@ -9,8 +9,8 @@
 
 `model` is the list of Megatron model chunks. `rollout_data` is slime's dict of per-sample lists of this rank's
 samples (`tokens`, `response_lengths`, `total_lengths`, `loss_masks`, `log_probs`, `advantages`, and when present
-`ref_log_probs`, `rollout_log_probs`, `returns`, `values`); changes the hook makes to `loss_masks` and `advantages`
-train, as in slime.
+`ref_log_probs`, `rollout_log_probs`, `returns`, `values`, `entropy` with --use-rollout-entropy); changes the hook
+makes to `loss_masks` and `advantages` train, as in slime.
 """
 
 from __future__ import annotations

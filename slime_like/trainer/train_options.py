@@ -49,11 +49,6 @@ REFUSED: tuple[tuple[str, str], ...] = (
         "not implemented: Adam's moments are kept between steps; --reset-optimizer-states clears them before each "
         "rollout's steps",
     ),
-    (
-        "--use-rollout-entropy",
-        "not implemented: the old-policy and reference log-prob forwards hand no entropies to the rollout data "
-        "(the training forward computes its own)",
-    ),
 )
 
 
@@ -101,6 +96,12 @@ def add_train_option_arguments(parser: argparse.ArgumentParser) -> None:
         help="every N rollouts the KL reference becomes the trained policy's weights (default: never)",
     )
     g.add_argument(
+        "--use-rollout-entropy",
+        action="store_true",
+        help="the old policy's log-prob forward also computes each response token's entropy: in the rollout data "
+        "(slime's rollout_data['entropy'], for a --rollout-data-postprocess-path hook) and logged as rollout/entropy",
+    )
+    g.add_argument(
         "--train-env-vars",
         type=json_env,
         default={},
@@ -142,6 +143,11 @@ def validate_train_options(args: argparse.Namespace) -> None:
                 "--ref-update-interval refreshes the KL reference, which this run does not keep: add --use-kl-loss "
                 "(or --kl-coef)"
             )
+    if args.use_rollout_entropy and args.use_routing_replay and not args.use_rollout_routing_replay:
+        raise ArgumentError(
+            "--use-rollout-entropy with --use-routing-replay: the old-policy forward that records the routing "
+            "returns no entropies yet (with --use-rollout-routing-replay it does)"
+        )
     if args.distributed_timeout_minutes < 1:
         raise ArgumentError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be >= 1")
 

@@ -29,6 +29,7 @@ from slime_like.trainer.algorithms.advantages import AdvantageInputs, Advantages
 from slime_like.trainer.algorithms.aggregation import token_weights
 from slime_like.trainer.algorithms.off_policy import decoupled_weights, mis_weights, mismatch_terms, tis_weights
 from slime_like.trainer.algorithms.step_hooks import StepHooks
+from slime_like.trainer.rollout_entropy import entropy_metrics
 
 
 class Collectives(Protocol):
@@ -66,6 +67,7 @@ class Forwards:
     ref_log_probs: list[torch.Tensor] | None = None  # a KL term is on
     values: list[torch.Tensor] | None = None  # ppo's critic
     teacher_log_probs: list[torch.Tensor] | None = None  # --use-opd
+    entropy: list[torch.Tensor] | None = None  # --use-rollout-entropy: the old policy's
 
 
 def lacking(share: RankShare, collectives: Collectives, column: str) -> int:
@@ -145,9 +147,12 @@ class RLStep:
             is_weights=list(is_weights or []),
             old_values=list(values or []),
             returns=list(result.returns or []) if values is not None else [],
+            entropy=list(forwards.entropy or []),
         )
         with_lp = without < len(share.rollout)
         metrics.update(self._rollout_metrics(share, result.advantages, masks, old_lp, rollout_lp, is_weights, with_lp))
+        if forwards.entropy is not None:
+            metrics.update(entropy_metrics(forwards.entropy, partial(self.collectives.rows, share)))
         if result.opd_reverse_kl is not None:  # slime's opd_reverse_kl: mean over the loss tokens
             tokens = max(1.0, sum(self.collectives.rows(share, [float(m.sum()) for m in masks])))
             kl = sum(self.collectives.rows(share, [float(k.sum()) for k in result.opd_reverse_kl]))

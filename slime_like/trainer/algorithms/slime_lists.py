@@ -22,6 +22,7 @@ SLIME_KEYS = {
     "rollout_log_probs": "rollout_log_probs",
     "returns": "returns",
     "old_values": "values",
+    "entropy": "entropy",  # --use-rollout-entropy
 }
 # What slime lets a --rollout-data-postprocess-path hook change: it trains.
 SLIME_WRITABLE = ("loss_masks", "advantages")
