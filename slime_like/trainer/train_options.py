@@ -44,11 +44,6 @@ REFUSED: tuple[tuple[str, str], ...] = (
         "moves their memory off the GPU instead",
     ),
     ("--balance-by-flops", "micro-batches are packed by tokens (--max-tokens-per-gpu), not by estimated FLOPs"),
-    (
-        "--use-stateless-adam",
-        "not implemented: Adam's moments are kept between steps; --reset-optimizer-states clears them before each "
-        "rollout's steps",
-    ),
 )
 
 
@@ -94,6 +89,12 @@ def add_train_option_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="every N rollouts the KL reference becomes the trained policy's weights (default: never)",
+    )
+    g.add_argument(
+        "--use-stateless-adam",
+        action="store_true",
+        help="Adam keeps no moments: each step is Adam's first step from zero moments, lr * g / (|g| + eps) plus "
+        "decoupled weight decay, as slime (needs --optimizer adam and --no-save-optim)",
     )
     g.add_argument(
         "--use-rollout-entropy",
@@ -148,6 +149,14 @@ def validate_train_options(args: argparse.Namespace) -> None:
             "--use-rollout-entropy with --use-routing-replay: the old-policy forward that records the routing "
             "returns no entropies yet (with --use-rollout-routing-replay it does)"
         )
+    if args.use_stateless_adam:
+        if args.optimizer != "adam" or not args.no_save_optim:
+            raise ArgumentError("--use-stateless-adam needs --optimizer adam and --no-save-optim (as slime: it keeps "
+                                "no moments to save)")  # fmt: skip
+        offload = [f for f in ("optimizer_cpu_offload", "use_precision_aware_optimizer") if getattr(args, f, False)]
+        if offload:
+            raise ArgumentError(f"--use-stateless-adam with --{offload[0].replace('_', '-')}: not supported here "
+                                "(that optimizer is not a plain Adam to replace; slime patches it)")  # fmt: skip
     if args.distributed_timeout_minutes < 1:
         raise ArgumentError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be >= 1")
 

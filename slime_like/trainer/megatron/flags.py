@@ -232,6 +232,7 @@ def optimizer_settings(
         optimizer=args.optimizer,
         sgd_momentum=args.sgd_momentum,
         optimizer_offload_fraction=args.optimizer_offload_fraction,
+        stateless_adam=bool(getattr(args, "use_stateless_adam", False)),
         **gpu_only,
     )
 

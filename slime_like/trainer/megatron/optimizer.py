@@ -31,6 +31,7 @@ class OptimizerSettings:
     optimizer_offload_fraction: float = 1.0
     overlap_cpu_optimizer_d2h_h2d: bool = False
     use_precision_aware_optimizer: bool = False
+    stateless_adam: bool = False  # --use-stateless-adam: Adam's step from zero moments, none kept
 
 
 def build_optimizer(model: list[torch.nn.Module], settings: OptimizerSettings, params_dtype: torch.dtype):
@@ -59,6 +60,10 @@ def build_optimizer(model: list[torch.nn.Module], settings: OptimizerSettings, p
     )
     with cuda_to_cpu():
         optimizer = get_megatron_optimizer(config, model)
+    if settings.stateless_adam:
+        from slime_like.trainer.megatron.stateless_adam import make_stateless
+
+        make_stateless(optimizer)
     decay_steps = settings.lr_decay_steps or settings.lr_warmup_steps + 1
     scheduler = OptimizerParamScheduler(
         optimizer,
