@@ -107,8 +107,10 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     add_refused(
         n,
         "--rollout-external-engine-addrs",
-        "the engines are started and placed by this run (one Ray actor per engine node, registered with its "
-        "router and guarded by the run's secret); attaching SGLang servers started elsewhere is not implemented",
+        "not implemented: the run starts and places its own engines (one Ray actor per engine node, registered "
+        "with its router, guarded by the run's secret); discovering pre-launched SGLang servers (slime reads each "
+        "one's /get_server_info for its GPUs and parallel sizes), taking their GPUs out of the placement and "
+        "sending them weight updates from outside the run's Ray placement are missing",
     )
     add_refused(
         n,

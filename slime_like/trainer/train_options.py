@@ -35,15 +35,17 @@ REFUSED: tuple[tuple[str, str], ...] = (
     ("--ci-train-rollout-logprob-abs-diff-threshold", CI),
     (
         "--keep-old-actor",
-        "no second copy of the rollout's weights is kept on the trainer; the old policy's log-probs come from the "
-        "trainer's weights before the step (or SGLang's with --use-rollout-logprobs)",
+        "not implemented: slime keeps the weights that generated each rollout on the trainer (its old_actor / "
+        "rollout_actor copies, rotated at every weight update) and takes the old-policy log-probs from them; here "
+        "they come from the trainer's weights at the start of the rollout's steps (in train_async one update ahead "
+        "of the generating ones), or from SGLang with --use-rollout-logprobs; --use-tis/--use-mis weigh the gap",
     ),
     (
         "--release-train",
-        "trainer ranks are not torn down and rebuilt around each rollout; with --colocate on GPU, --offload-train "
-        "moves their memory off the GPU instead",
+        "not implemented: slime kills the trainer's Megatron actors during each rollout and rebuilds them from "
+        "--save (with --update-weight-transport disk); here trainer ranks live for the whole run, and with "
+        "--colocate on GPU --offload-train frees their GPU memory during rollouts instead",
     ),
-    ("--balance-by-flops", "micro-batches are packed by tokens (--max-tokens-per-gpu), not by estimated FLOPs"),
 )
 
 

@@ -38,6 +38,12 @@ ALWAYS_NO_EFFECT: tuple[tuple[str, dict[str, Any], str], ...] = (
     ),
     ("--recompute-loss-function", {"action": "store_true"}, "the loss is computed from the logits in one pass"),
     ("--log-probs-max-tokens-per-gpu", {"type": int, "default": None}, "slime reads it nowhere either"),
+    (
+        "--balance-by-flops",
+        {"action": "store_true"},
+        "micro-batches are packed by tokens and split over DP ranks by tokens; slime's FLOPs-balanced schedule "
+        "only moves samples between micro-batches and ranks (speed, not the result)",
+    ),
 )
 
 # Model families whose multi-token-prediction layers --enable-mtp-training builds and trains (slime_like/trainer/megatron/mtp.py):
