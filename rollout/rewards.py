@@ -88,12 +88,17 @@ class RewardFunction:
         self._on_close = on_close
         self._threads: RewardThreads | None = None
         self._stuck: set[Future[Any]] = set()  # calls still running in a thread after their timeout
+        # A built-in --rm-type's: a sample's metadata["rm_type"] picks another built-in (slime's async_rm).
+        self.by_type: SampleTypes | None = None
 
     async def compute(self, args: Any, item: Any) -> Any:
         """The function's raw answer for one sample (or one group with --group-rm); raises what it raises."""
         return await self._call(args, item)
 
     async def _call(self, args: Any, item: Any) -> Any:
+        other = self.by_type.pick(item) if self.by_type is not None else None
+        if other is not None:
+            return await other._call(args, item)
         if _is_async(self.fn):
             call: Awaitable[Any] = self.fn(args, item)
         elif self.inline:
@@ -187,6 +192,8 @@ class RewardFunction:
                     self.timeout,
                 )
             self._threads = None
+        if self.by_type is not None:
+            await self.by_type.close()
         if self._on_close is not None:
             result = self._on_close()
             if inspect.isawaitable(result):
@@ -310,4 +317,39 @@ def get_reward_function(args: Any) -> RewardFunction:
                 check=lambda reward: check_reward(reward, args.reward_key),
             )
         return RewardFunction(fn, per_group=args.group_rm, timeout=args.rm_timeout)
-    return _builtin(args.rm_type, args)
+    reward = _builtin(args.rm_type, args)
+    reward.by_type = SampleTypes(args.rm_type, args)
+    return reward
+
+
+class SampleTypes:
+    """The built-ins a sample's metadata["rm_type"] names when it is not --rm-type (slime's async_rm reads the
+    sample's first), each made once; an unknown or refused one fails that sample, naming it."""
+
+    def __init__(self, default: str, args: Any) -> None:
+        self.default = default
+        self.args = args
+        self.made: dict[str, RewardFunction] = {}
+
+    def pick(self, item: Any) -> RewardFunction | None:
+        """The reward of the sample's own rm_type (None: --rm-type's, or not a sample)."""
+        from rollout.arguments import RM_TYPES
+        from rollout.eval_config import REFUSED_RM_TYPES, RM_TYPE_ALIASES
+
+        metadata = getattr(item, "metadata", None)
+        name = metadata.get("rm_type") if isinstance(metadata, dict) else None
+        name = RM_TYPE_ALIASES.get(name, name) if isinstance(name, str) else None
+        if not name or name == self.default:
+            return None
+        if name not in self.made:
+            if name in REFUSED_RM_TYPES:
+                raise ValueError(f"metadata rm_type {name!r} is not supported here: {REFUSED_RM_TYPES[name]}")
+            if name not in RM_TYPES:
+                raise ValueError(f"metadata rm_type {name!r} is not a built-in reward here ({', '.join(RM_TYPES)})")
+            self.made[name] = _builtin(name, self.args)
+        return self.made[name]
+
+    async def close(self) -> None:
+        """Close the rewards made."""
+        for reward in self.made.values():
+            await reward.close()

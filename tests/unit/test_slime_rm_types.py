@@ -84,3 +84,30 @@ def test_ifbench_is_refused_naming_why(base: list[str], tmp_path: Path, capsys: 
         parse_args(base + ["--eval-config", str(config)])
     assert "rm_type 'ifbench' is not supported here: " in capsys.readouterr().err
     assert parse_args(base + ["--rm-type", "boxed_gpqa"]).rm_type == "boxed_gpqa"
+
+
+def test_a_samples_metadata_rm_type_picks_its_builtin() -> None:
+    # slime's async_rm: the sample's metadata["rm_type"] first, else --rm-type.
+    assert _score("math", "The answer is B", "B", {"rm_type": "gpqa"}) == 1.0  # math alone would score 0
+    assert _score("math", "The answer is B", "B") == 0.0
+    assert _score("gpqa", "\\boxed{7}", "7", {"rm_type": "boxed_math"}) == 1.0
+    with pytest.raises(ValueError, match="metadata rm_type 'ifbench' is not supported here"):
+        _score("math", "x", "y", {"rm_type": "ifbench"})
+    with pytest.raises(ValueError, match="metadata rm_type 'nope' is not a built-in reward here"):
+        _score("math", "x", "y", {"rm_type": "nope"})
+
+
+def test_a_failing_metadata_rm_type_fails_only_its_sample() -> None:
+    args = Namespace(custom_rm_path=None, rm_type="math")
+    good = Sample(prompt="q", response="\\boxed{3}", label="3", index=0, status=Status.COMPLETED)
+    bad = Sample(prompt="q", response="x", label="3", index=1, metadata={"rm_type": "nope"}, status=Status.COMPLETED)
+    counts: dict[str, int] = {}
+
+    async def run() -> None:
+        reward = get_reward_function(args)
+        await reward.score_group(args, [good, bad], lambda k, n: counts.__setitem__(k, counts.get(k, 0) + n))
+        await reward.close()
+
+    asyncio.run(run())
+    assert good.reward == 1.0 and bad.status == Status.FAILED and counts == {"reward_failed": 1}
+    assert "not a built-in reward here" in bad.metadata["reward_error"]
