@@ -6,13 +6,9 @@ import argparse
 from typing import Any
 
 from buffer.arguments import resolve_num_rollout
-from rollout.eval_config import REFUSED_RM_TYPES, resolve_eval_datasets
+from rollout.eval_config import resolve_eval_datasets
+from rollout.rm_types import REFUSED_RM_TYPES, RM_TYPES
 
-# Built-in reward types of --rm-type (rollout/rewards.py maps each name to its scorer).
-RM_TYPES = (
-    "math", "exact", "math_verify", "dapo", "deepscaler", "f1", "reasoning_gym", "remote", "gpqa", "random",
-    "boxed_math", "boxed_exact", "boxed_f1", "boxed_gpqa",
-)  # fmt: skip
 # /pause_generation modes of SGLang (weight updates under --fully-async).
 PAUSE_MODES = ("abort", "retract", "in_place")
 # slime's fully-async rollout function: it runs as --fully-async here (docs/fully-async.md).

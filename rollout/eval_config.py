@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rollout.rm_types import REFUSED_RM_TYPES, RM_TYPE_ALIASES
+
 logger = logging.getLogger(__name__)
 
 # Field -> the flags it falls back to when neither the dataset nor eval.defaults sets it (slime's arg_attrs; a flag
@@ -48,15 +50,6 @@ NO_EFFECT = (
     "reward_model",
     "remote_environment",
 )
-
-# slime's --rm-type names that are ours under another name.
-RM_TYPE_ALIASES = {"remote_rm": "remote"}
-# slime's rm_types that cannot score here, with why (an error at start, for --rm-type as for an eval dataset).
-REFUSED_RM_TYPES = {
-    "ifbench": "slime's ifbench scorer runs AllenAI's IFBench instruction checkers, which are not on PyPI (slime "
-    "git-clones github.com/allenai/IFBench at run time) and whose requirements pin numpy==1.26.4 and spacy==3.7.4 "
-    "against this engine's numpy 2; score such a dataset with custom_rm_path (--custom-rm-path) instead",
-}
 
 # Sampling fields -> the SGLang sampling parameter each sets.
 SAMPLING = {

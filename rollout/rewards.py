@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from rollout.reward_threads import RewardThreads
+from rollout.rm_types import REFUSED_RM_TYPES, RM_TYPE_ALIASES, RM_TYPES
 from slime_like.core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
@@ -333,9 +334,6 @@ class SampleTypes:
 
     def pick(self, item: Any) -> RewardFunction | None:
         """The reward of the sample's own rm_type (None: --rm-type's, or not a sample)."""
-        from rollout.arguments import RM_TYPES
-        from rollout.eval_config import REFUSED_RM_TYPES, RM_TYPE_ALIASES
-
         metadata = getattr(item, "metadata", None)
         name = metadata.get("rm_type") if isinstance(metadata, dict) else None
         name = RM_TYPE_ALIASES.get(name, name) if isinstance(name, str) else None
