@@ -353,19 +353,20 @@ class TrainActor:
             self.lora_slots.changed.clear()
         if self.args.check_weight_update:  # the engines the update reached: the fleet took out any that died
             live = self.transport.urls if self.transport.urls is not None else server_urls
-            worst = self.check_weights(live, f"after the update to version {version}", self.transport.fleet)
+            gone: list[str] = []  # died since the update: the fleet took them out
+            worst = self.check_weights(live, f"after the update to version {version}", self.transport.fleet, gone)
             logger.info("weight version %d over %s: servers match the trainer within %.2g (%d servers)", version, used,
-                        worst, len(live))  # fmt: skip
+                        worst, len(live) - len(gone))  # fmt: skip
         return time.monotonic() - start
 
-    def check_weights(self, server_urls: list[str], when: str, fleet: Any = None) -> float:
+    def check_weights(self, server_urls: list[str], when: str, fleet: Any = None, skipped: list | None = None) -> float:
         """Compare a probe's log-probs on every server with this trainer's (--check-weight-update); the largest
         difference, or WeightUpdateError naming the server, the difference and both precisions (`fleet`: the
         updater's verdict, which skips a server that died since)."""
         from slime_like.trainer.weights.check import check_servers
 
         tolerance = self.args.check_weight_update_tolerance or (0.1 if self.args.bf16 else 1e-3)
-        check = partial(check_servers, self.engine, server_urls, tolerance, self.rank, fleet=fleet)
+        check = partial(check_servers, self.engine, server_urls, tolerance, self.rank, fleet=fleet, skipped=skipped)
         if self.lora_slots is None:
             return check(when)
         worst = 0.0

@@ -145,7 +145,9 @@ def test_the_weight_check_skips_a_server_the_fleet_took_out(monkeypatch) -> None
     monkeypatch.setattr(check, "served_logprobs", served)
     engine = Namespace(bridge=Namespace(hf_config=Namespace(vocab_size=10)), lora=None)
     asked: list = []
-    assert check.check_servers(engine, URLS, 1e-3, 0, "after", fleet=lambda urls, cause: asked.append(urls) or []) == 0
-    assert asked == [["http://a"]]
+    skipped: list[str] = []
+    fleet = lambda urls, cause: asked.append(urls) or []  # noqa: E731
+    assert check.check_servers(engine, URLS, 1e-3, 0, "after", fleet=fleet, skipped=skipped) == 0
+    assert asked == [["http://a"]] and skipped == ["http://a"]
     with pytest.raises(WeightUpdateError, match="probe failed"):  # the fleet finds it alive: the failure stands
         check.check_servers(engine, URLS, 1e-3, 0, "after", fleet=lambda urls, cause: urls)

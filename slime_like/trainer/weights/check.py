@@ -7,6 +7,7 @@ weights, and raises WeightUpdateError naming the server and the difference.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -14,6 +15,8 @@ import torch
 from rollout import sglang_client as client
 from slime_like.core.errors import EngineError, WeightUpdateError
 from slime_like.trainer.weights.updater import Verdict, share_from_rank0
+
+logger = logging.getLogger(__name__)
 
 PROBE_LENGTH = 24
 
@@ -62,13 +65,14 @@ def check_servers(
     when: str,
     lora_path: str | None = None,
     fleet: Verdict | None = None,
+    skipped: list[str] | None = None,
 ) -> float:
     """Compare the probe's log-probs on every server with the trainer's; return the largest difference.
 
     `when` starts the error message ("after the update to version 3", "before the first rollout"), which also
     names the precision the server and the trainer run at: a server at another precision is the usual cause
     before the first rollout. With `fleet`, a server whose probe fails and that the fleet then takes out (it died
-    since the update) is skipped: it restarts before the next update.
+    since the update) is skipped (and added to `skipped`): it restarts before the next update.
     """
     tokens = probe_tokens(engine.bridge.hf_config.vocab_size)
     expected = trainer_logprobs(engine, tokens)
@@ -84,6 +88,9 @@ def check_servers(
                 diff = float((served_logprobs(url, tokens, lora_path=lora_path) - expected).abs().max())
             except WeightUpdateError as exc:
                 if fleet is not None and not _kept(fleet, url, str(exc)):
+                    logger.warning("%s %s: not checked, it died since and the engine fleet took it out", when, url)
+                    if skipped is not None:
+                        skipped.append(url)
                     continue
                 worst, problem = float("inf"), str(exc)
                 break
