@@ -1,7 +1,8 @@
 """ChatML chat templates that render tools, for checkpoints whose own template does not: `chatml_tool_template`.
 
 An assistant's tool calls render as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` (what SGLang's
-qwen25 and hermes tool-call parsers read), a tool's result in `<tool_response>`; what comes before the turns (the
+qwen25 and hermes tool-call parsers read; `arguments` a JSON string or, as SGLang's chat server passes them, a
+mapping), a tool's result in `<tool_response>`; what comes before the turns (the
 system turn that lists the tools) is the caller's."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ TURNS = """
 {%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
 {% if m.content %}{{ m.content }}
 {% endif %}{% for c in m.tool_calls %}<tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}
+{"name": "{{ c.function.name }}", "arguments": {% if c.function.arguments is string %}{{ c.function.arguments }}{% else %}{{ c.function.arguments | tojson }}{% endif %}}
 </tool_call>{% endfor %}<|im_end|>
 {% elif m.role == 'tool' %}<|im_start|>TOOL_ROLE
 <tool_response>

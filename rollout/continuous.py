@@ -186,13 +186,14 @@ class ContinuousRollout:
             self._forget(group)
             return
         origins = self._origins(group)
+        group[:] = [s for s in group if id(s) in origins]  # an agent's extra branches go with the old tokens
         for sample in group:
             sample.reset(origins[id(sample)])
         self.ctx.count("groups_stale_regenerated")
         self.buffer.add_groups([group])
 
     def _origins(self, group: list[Sample]) -> dict[int, dict[str, Any]]:
-        return {id(s): self.origin.get(id(s), {}) for s in group}
+        return {id(s): self.origin[id(s)] for s in group if id(s) in self.origin}
 
     def _forget(self, group: list[Sample]) -> None:
         for sample in group:

@@ -7,6 +7,7 @@ from typing import Any
 
 from rollout.context import RolloutContext
 from rollout.generate import FINISHED
+from rollout.openai_session import BRANCH_KEY
 from rollout.sample_hooks import apply_sample_hooks
 from slime_like.core.sample import Sample, Status
 
@@ -25,6 +26,13 @@ async def _hooked(ctx: RolloutContext, sample: Sample) -> Sample:
         return sample  # generated again later: hooked then
     hooks = ctx.hooks.sample_hooks
     return await apply_sample_hooks(hooks, ctx.args, sample, rollout_id=ctx.rollout_id, evaluation=ctx.evaluation)
+
+
+def run_branches(group: list[Sample]) -> dict[int, int]:
+    """Position in the group of each extra branch of an agent run -> position of the run's own sample (the one
+    whose `openai_branch` is 0, with the same index: rollout/openai_session.Conversation.samples)."""
+    runs = {s.index: i for i, s in enumerate(group) if s.metadata.get(BRANCH_KEY) == 0}
+    return {i: runs[s.index] for i, s in enumerate(group) if s.metadata.get(BRANCH_KEY, 0) > 0 and s.index in runs}
 
 
 async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, Any]) -> bool:
@@ -46,9 +54,7 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
         results = await asyncio.gather(*(ctx.hooks.generate_sample(ctx, s, params) for s in todo))
         generated = {id(s): out for s, out in zip(todo, results, strict=True)}
         group[:] = [x for s in group for x in generated.get(id(s), [s])]
-        if not ctx.hooks.keeps_generated_rewards and getattr(ctx.args, "openai_branch_reward", "run") == "run":
-            at = {id(x): i for i, x in enumerate(group)}
-            branch_of = {at[id(x)]: at[id(out[0])] for out in results for x in out[1:]}
+
     for sample in group:
         if sample.status == Status.PENDING:
             sample.status = Status.COMPLETED  # a custom function that set no status finished normally
@@ -58,6 +64,8 @@ async def run_group(ctx: RolloutContext, group: list[Sample], params: dict[str, 
         group[:] = [s if id(s) in finished_before else await _hooked(ctx, s) for s in group]
     if any(s.status == Status.ABORTED for s in group):
         return False
+    if not ctx.hooks.keeps_generated_rewards and getattr(ctx.args, "openai_branch_reward", "run") == "run":
+        branch_of = run_branches(group)
     keep_set = ctx.hooks.keeps_generated_rewards and not ctx.args.group_rm
     scored = [s for i, s in enumerate(group) if i not in branch_of]
     await ctx.hooks.reward.score_group(ctx.args, scored, ctx.count, keep_set=keep_set)

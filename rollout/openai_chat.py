@@ -43,21 +43,23 @@ async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any],
     feed = TextFeed(tokenizer, stream, body, parser) if stream is not None else None
     branch = endpoint.branch_for(conv, prompt_text)
     async with branch.lock:  # taken at once: the route chose a branch with no turn in flight
-        input_ids, out = await endpoint.generate(branch, prompt_text, body, forced, feed.add if feed else None)
-        ids, output_text, reason = endpoint.record(branch, input_ids, out)
-        content = _content(tokenizer, ids, output_text, reason)
+        turn = await endpoint.generate(branch, prompt_text, body, forced, feed.add if feed else None)
+        reason = turn.reason
+        content = _content(tokenizer, turn.ids, turn.text, reason)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
-        finish = "length" if reason.get("type") == "length" else "stop"
-        if parser is not None and parser.has_tool_call(content):
-            text, calls = parser.parse_non_stream(content)
-            if calls:
-                reply["content"] = text or None
-                reply["tool_calls"] = [_tool_call(call) for call in calls]
-                finish = "tool_calls"
-                branch.turns[-1].tool_calls = len(calls)
-                endpoint.ctx.count("openai_tool_calls", len(calls))
-        shown = render(tokenizer, [*messages, {**reply, "content": reply["content"] or ""}], False, tools)
-        endpoint.close_turn(branch, prompt_text, shown, output_text)
+        finish = "length" if reason["type"] == "length" else "stop"
+        calls = parser.parse_non_stream(content)[1] if parser is not None and parser.has_tool_call(content) else []
+        if calls:
+            reply["content"] = parser.parse_non_stream(content)[0] or None
+            reply["tool_calls"] = [_tool_call(call) for call in calls]
+            finish = "tool_calls"
+        # Rendered before the branch keeps the turn: a template that cannot show it leaves the branch as it was.
+        shown = render(tokenizer, [*messages, *plain_messages([reply])], False, tools)
+        endpoint.keep(conv, branch, turn, shown)
+        if calls:
+            branch.turns[-1].tool_calls = len(calls)
+            endpoint.ctx.count("openai_tool_calls", len(calls))
+    input_ids, ids = turn.input_ids, turn.ids
     answer = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -92,11 +94,11 @@ async def complete_text(endpoint: Any, conv: Conversation, body: dict[str, Any],
     feed = TextFeed(endpoint.ctx.tokenizer, stream, body, None) if stream is not None else None
     branch = endpoint.branch_for(conv, prompt)
     async with branch.lock:
-        input_ids, out = await endpoint.generate(branch, prompt, body, None, feed.add if feed else None)
-        ids, output_text, reason = endpoint.record(branch, input_ids, out)
-        branch.rendered, branch.bridge = prompt + output_text, ""
-        branch.mark()
-    text = _content(endpoint.ctx.tokenizer, ids, output_text, reason)
+        turn = await endpoint.generate(branch, prompt, body, None, feed.add if feed else None)
+        text = _content(endpoint.ctx.tokenizer, turn.ids, turn.text, turn.reason)
+        # The client goes on from the text it was shown (without the EOS or stop string that ended it).
+        endpoint.keep(conv, branch, turn, prompt + text, bridge="")
+    input_ids, ids, reason = turn.input_ids, turn.ids, turn.reason
     answer = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
@@ -177,7 +179,9 @@ def _messages(body: dict[str, Any]) -> list[Any]:
 
 def plain_messages(messages: list[Any]) -> list[dict[str, Any]]:
     """Messages with string content, as chat templates concatenate it: a list of text parts is joined with
-    newlines (as slime's adapters do), a missing content is empty; other parts (images, files) are refused."""
+    newlines (as slime's adapters do), a missing content is empty; other parts (images, files) are refused. A tool
+    call's JSON `arguments` become a mapping, as SGLang's own chat server renders them (GLM's templates iterate
+    them)."""
     plain = []
     for m in messages:
         if not isinstance(m, dict):
@@ -188,8 +192,23 @@ def plain_messages(messages: list[Any]) -> list[dict[str, Any]]:
             if kinds:
                 raise EndpointError(400, f"content parts {sorted(map(str, kinds))} are not supported: text only")
             content = "\n".join(p.get("text") or "" for p in content)
-        plain.append({**m, "content": content})
+        message = {**m, "content": content}
+        if isinstance(m.get("tool_calls"), list):
+            message["tool_calls"] = [_with_mapping_arguments(call) for call in m["tool_calls"]]
+        plain.append(message)
     return plain
+
+
+def _with_mapping_arguments(call: Any) -> Any:
+    """A tool call whose `function.arguments` JSON object string is parsed (anything else is left as it is)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}} if isinstance(arguments, dict) else call
 
 
 def _tool_call(call: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from rollout import anthropic_messages, openai_responses
 from rollout import generate as gen
 from rollout import openai_chat as chat
 from rollout.context import RolloutContext
-from rollout.openai_session import ChatSession, Conversation, EndpointError, Turn, bridge_text, turn_end_text
+from rollout.openai_session import ChatSession, Conversation, EndpointError, Generated, bridge_text, turn_end_text
 from rollout.sglang_client import GenerateRefused, OnIds
 from rollout.ssl_context import share_default_ssl_context
 from slime_like.core.errors import EngineError
@@ -135,8 +135,9 @@ class OpenAIEndpoint:
             conv.closed = True
             for branch in conv.branches:
                 branch.closed = True
-                if branch.inflight is not None:
-                    await gen.abort_rid(self.ctx, branch.inflight)
+                if branch.inflight is not None:  # post_generate sends it as `<rid>-<attempt>`
+                    for rid in [r for r in self.ctx.inflight if r.startswith(f"{branch.inflight}-")]:
+                        await gen.abort_rid(self.ctx, rid)
         return conv
 
     # --- HTTP ---------------------------------------------------------------------------------------------------
@@ -227,7 +228,6 @@ class OpenAIEndpoint:
             if conv.branches:
                 self.ctx.count("openai_branches")
             conv.branches.append(branch)
-        conv.last = branch
         return branch
 
     def _session_of(self, authorization: str, sid: str) -> Conversation:
@@ -252,10 +252,10 @@ class OpenAIEndpoint:
         body: dict[str, Any],
         constraint: dict[str, str] | None = None,
         on_ids: OnIds | None = None,
-    ) -> tuple[list[int], Any]:
-        """Extend the branch's tokens to `prompt_text` (only the new text is tokenised) and generate from them,
-        under `constraint` (a tool choice's grammar) if given, handing the sampled ids to `on_ids` as they come if
-        given: the ids sent and SGLang's answer. The branch keeps the new tokens only once the turn is generated."""
+    ) -> Generated:
+        """Generate the branch's next turn for `prompt_text` (only the new text is tokenised), under `constraint` (a
+        tool choice's grammar) if given, handing the sampled ids to `on_ids` as they come if given. The branch is
+        left as it was: `keep` takes the turn once the dialect has made its answer."""
         tokenizer = self.ctx.tokenizer
         if not session.tokens:  # a fresh branch
             new_ids, new_text = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"]), ""
@@ -269,7 +269,9 @@ class OpenAIEndpoint:
             session.truncated = True
             raise EndpointError(400, "this sample's token budget (--rollout-max-response-len) is spent")
         requested = body.get("max_completion_tokens") or body.get("max_tokens")
-        params = {**session.sampling_params, "max_new_tokens": min(int(requested or left), left)}
+        if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
+            raise EndpointError(400, f"`max_tokens` must be a positive integer, not {requested!r}")
+        params = {**session.sampling_params, "max_new_tokens": min(requested or left, left)}
         params.update(chat.sampling_overrides(body))
         if constraint:
             if any(k in params for k in ("regex", "ebnf", "json_schema", "structural_tag")):
@@ -292,44 +294,38 @@ class OpenAIEndpoint:
             session.inflight = None
         if session.closed:
             raise EndpointError(404, "the session ended while this turn was generated")
-        if session.reprefill:  # a branch's tokens past what SGLang had already seen in this conversation
-            self.ctx.count("openai_reprefill_tokens", len(new_ids))
-            session.reprefill = False
-        if session.tokens:
-            session.append(new_ids, new_text, None, None)
-        else:
-            session.tokens, session.prompt_length, session.prompt_text = new_ids, len(new_ids), prompt_text
-        return input_ids, out
-
-    def record(
-        self, session: ChatSession, input_ids: list[int], out: dict[str, Any]
-    ) -> tuple[list[int], str, dict[str, Any]]:
-        """Append one answer's sampled ids and log-probs to the branch: (ids, their text, finish reason)."""
         meta = out["meta_info"]
+        reason = {**(meta.get("finish_reason") or {})}
+        reason["type"] = reason.get("type") or "stop"
+        if reason["type"] == "abort":
+            if self.ctx.aborting:  # the rollout's abort: the sample comes back and runs again
+                session.aborted = True
+                raise EndpointError(503, "generation aborted: the rollout is aborting", "server_error")
+            # SGLang stopped the request itself (e.g. past the model's context): sending it again cannot help.
+            raise EndpointError(400, f"the engine stopped this turn: {reason.get('message') or reason}")
         ids = [int(t[1]) for t in meta["output_token_logprobs"]]
         lps = [float(t[0]) for t in meta["output_token_logprobs"]]
-        reason = meta.get("finish_reason") or {}
-        kind = reason.get("type") or "stop"
-        if kind == "abort":
-            session.aborted = self.ctx.aborting
-            raise EndpointError(503, f"generation aborted: {reason.get('message') or reason}", "server_error")
-        output_text = self.ctx.tokenizer.decode(ids, skip_special_tokens=False)
-        session.append(ids, output_text, lps, meta)
-        session.turns.append(Turn(input_ids, ids, lps, kind, meta))
-        if kind == "length" and session.response_length >= session.budget:
-            session.truncated = True
-        self.ctx.count("openai_turns")
-        return ids, output_text, {**reason, "type": kind}
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        return Generated(input_ids, new_ids, new_text, prompt_text, ids, lps, text, reason, meta)
 
-    def close_turn(self, session: ChatSession, prompt_text: str, shown: str, output_text: str) -> None:
-        """After a chat turn: the conversation as the template shows it with the reply (`shown`), the bridge that
-        closes the sampled turn (counting template drift), and the mark a later branch can start from."""
+    def keep(self, conv: Conversation, session: ChatSession, turn: Generated, shown: str, bridge: str | None = None) -> None:  # fmt: skip
+        """The branch takes the turn, answered: its tokens, the conversation as the template shows it with the reply
+        (`shown`), the text that closes the sampled turn (`bridge`; None: from the template, counting drift), and
+        the mark a later branch can start from. It is the conversation's latest branch from now."""
+        if session.reprefill:  # a branch's tokens past what SGLang had already seen in this conversation
+            self.ctx.count("openai_reprefill_tokens", len(turn.new_ids))
+            session.reprefill = False
+        session.keep(turn)
+        self.ctx.count("openai_turns")
         session.rendered = shown
-        session.bridge, drift = bridge_text(prompt_text, shown, output_text, self._turn_end)
-        if drift:
-            session.drift += 1
-            self.ctx.count("openai_template_drift")
+        if bridge is None:
+            bridge, drift = bridge_text(turn.prompt_text, shown, turn.text, self._turn_end)
+            if drift:
+                session.drift += 1
+                self.ctx.count("openai_template_drift")
+        session.bridge = bridge
         session.mark()
+        conv.last = session
 
 
 _current: ContextVar[OpenAIEndpoint | None] = ContextVar("openai_endpoint", default=None)

@@ -29,7 +29,8 @@ from typing import Any
 
 from slime_like.core.sample import Sample
 
-_SENTINEL = "\u2063SLIME_LIKE_TURN\u2063"  # an assistant content no real turn contains, to find the turn's end
+_SENTINEL = "\u2063SLIME_LIKE_TURN\u2063"
+BRANCH_KEY = "openai_branch"  # sample.metadata: 0 for an agent run's own sample, k for its k-th other branch  # an assistant content no real turn contains, to find the turn's end
 
 
 class EndpointError(Exception):
@@ -77,6 +78,21 @@ class Turn:
     finish_reason: str
     meta_info: dict[str, Any] = field(repr=False, default_factory=dict)
     tool_calls: int = 0  # calls parsed from its output
+
+
+@dataclass
+class Generated:
+    """One call's turn before its branch keeps it: the ids sent (the new ones and their text) and what was sampled."""
+
+    input_ids: list[int]
+    new_ids: list[int]
+    new_text: str
+    prompt_text: str
+    ids: list[int]
+    log_probs: list[float]
+    text: str  # the sampled ids decoded
+    reason: dict[str, Any]  # SGLang's finish reason, its "type" always set
+    meta: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,17 @@ class ChatSession:
         self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
         self.texts.append(text)
         self.spans.append((len(ids), meta))
+
+    def keep(self, turn: Generated) -> None:
+        """Take a generated turn: its new prompt tokens (loss mask 0), then its sampled ids (loss mask 1)."""
+        if self.tokens:
+            self.append(turn.new_ids, turn.new_text, None, None)
+        else:
+            self.tokens, self.prompt_length, self.prompt_text = list(turn.new_ids), len(turn.new_ids), turn.prompt_text
+        self.append(turn.ids, turn.text, turn.log_probs, turn.meta)
+        self.turns.append(Turn(turn.input_ids, turn.ids, turn.log_probs, turn.reason["type"], turn.meta))
+        if turn.reason["type"] == "length" and self.response_length >= self.budget:
+            self.truncated = True
 
     def mark(self) -> None:
         """Remember the state after the turn just recorded, so that a branch can start from it."""
@@ -218,8 +245,8 @@ class Conversation:
 
     @property
     def truncated(self) -> bool:
-        """The latest call's branch spent its token budget."""
-        return self.last is not None and self.last.truncated
+        """A branch spent its token budget (the agent may then have given up)."""
+        return any(b.truncated for b in self.branches)
 
     @property
     def aborted(self) -> bool:
@@ -238,7 +265,7 @@ class Conversation:
             branch.write_sample(target)
             target.loss_mask = [0] * branch.inherited + target.loss_mask[branch.inherited :]
             if len(self.branches) > 1:
-                target.metadata["openai_branch"] = len(out)
+                target.metadata[BRANCH_KEY] = len(out)
             out.append((branch, target))
         return out
 

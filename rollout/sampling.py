@@ -33,6 +33,8 @@ def return_to_buffer(ctx: RolloutContext, buffer: Buffer, groups: list[list[Samp
     """Hand unused groups back: partially generated ones continue later (--partial-rollout), others restart."""
     args = ctx.args
     for group in groups:
+        if not args.partial_rollout:  # the group starts again from what was served: an agent's extra branches go
+            group[:] = [s for s in group if id(s) in origin]
         for sample in group:
             if not args.partial_rollout:
                 sample.reset(origin[id(sample)])

@@ -138,3 +138,37 @@ def test_text_parts_are_joined_and_other_parts_refused() -> None:
     ]
     with pytest.raises(EndpointError, match="image_url"):
         plain_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_an_agent_run_s_extra_branches_take_its_reward_and_go_when_its_group_restarts() -> None:
+    from types import SimpleNamespace
+
+    from rollout.group import run_branches
+    from rollout.sampling import return_to_buffer
+    from slime_like.core.sample import Sample
+
+    conv, main = conversation()
+    fork = conv.route("P:ab|U:cX|W:", Chars()).branch
+    conv.branches.append(fork)
+    fork.append(ids("X|W:"), "X|W:", None, None)
+    fork.append(ids("e"), "e", [-3.0], None)
+    conv.last = fork
+    first, run = Sample(index=6, prompt="p"), Sample(index=7, prompt="p")
+    group = [first, *[s for _, s in conv.samples(run)]]
+    assert [s.metadata.get("openai_branch") for s in group] == [None, 0, 1]
+    assert run_branches(group) == {2: 1}  # the extra branch is scored as the run (position 1)
+
+    returned: list = []
+    buffer = SimpleNamespace(add_groups=returned.extend)
+    ctx = SimpleNamespace(args=SimpleNamespace(partial_rollout=False), count=lambda *a: None)
+    origin = {id(first): {}, id(run): {}}  # what the buffer served: the extra branch was not
+    return_to_buffer(ctx, buffer, [group], origin)  # type: ignore[arg-type]
+    assert returned == [[first, run]] and run.tokens == [] and run.response_length == 0
+
+
+def test_tool_call_arguments_are_rendered_as_a_mapping() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 3}'}}
+    odd = {"id": "d", "type": "function", "function": {"name": "add", "arguments": "not json"}}
+    (message,) = plain_messages([{"role": "assistant", "content": None, "tool_calls": [call, odd]}])
+    assert message["tool_calls"][0]["function"]["arguments"] == {"a": 3}
+    assert message["tool_calls"][1] == odd and call["function"]["arguments"] == '{"a": 3}'  # the caller's is kept
