@@ -58,7 +58,7 @@ from typing import Any
 
 from plugins.openai_agent import AGENT_TIMEOUT_S, prompt_messages, run_openai_agent
 from rollout.context import RolloutContext
-from slime_like.core.process import group_has_live_members
+from slime_like.core.process import die_with_parent, group_has_live_members
 from slime_like.core.sample import Sample, Status
 
 RESULT_KEY = "agent_command"  # sample.metadata[RESULT_KEY]: what the command did, for the reward
@@ -363,6 +363,7 @@ async def run_command(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # its own process group: one signal reaches everything it starts
+        preexec_fn=die_with_parent(os.getpid()),  # a rollout killed outright (Ray, the OOM killer) takes it along
     )
     _LIVE_GROUPS.add(proc.pid)
     out, err = OutputTail(output_bytes), OutputTail(output_bytes)

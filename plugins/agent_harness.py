@@ -268,7 +268,7 @@ class CodexHarness(BaseHarness):
     def command(self, prompt: str, ctx: HarnessContext) -> str:
         """The shell command that runs it on `prompt`."""
         extra = f"{os.environ.get(self.extra_args_env, '')} {ctx.extra_args}".strip()
-        return f"codex exec {self.exec_flags} {extra} {shlex.quote(prompt)}".replace("  ", " ")
+        return " ".join(part for part in ("codex exec", self.exec_flags, extra, shlex.quote(prompt)) if part)
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         """Its environment: the key (sent as `Authorization: Bearer`), the base URL."""

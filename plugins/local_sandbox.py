@@ -88,7 +88,8 @@ def check() -> str | None:
 
 def host_uid() -> int:
     """A fresh host user id for one sandbox: owned by no account, not shared with any other sandbox of this process."""
-    return 1_500_000_000 + (os.getpid() % 100_000) * 1000 + next(_counter) % 1000
+    # 20,000 ids a process (a wrap could meet a sandbox still alive, whose processes its close would kill).
+    return 1_500_000_000 + (os.getpid() % 100_000) * 20_000 + next(_counter) % 20_000
 
 
 def passwd_files(uid: int = SANDBOX_UID) -> tuple[str, str]:

@@ -65,7 +65,7 @@ class OpenAIEndpoint:
         self.ctx = ctx
         # The run's secret; outside a run a fresh one: 127.0.0.1 is reachable by every local user.
         self.api_key = key or api_key() or secrets.token_hex(32)
-        self.sessions: dict[str, ChatSession] = {}
+        self.sessions: dict[str, Conversation] = {}
         self._turn_end = turn_end_text(ctx.tokenizer)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -198,6 +198,13 @@ class OpenAIEndpoint:
             if emit is not None and isinstance(body, dict) and body.get("stream"):
                 stream = make_stream(body, emit_once, self.model_name())
             return 200, await self.complete(session, body, handler, stream)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a body the dialect could not read
+            logger.warning("endpoint call on %s/%s failed: %r", sid, route, exc, exc_info=True)
+            self.ctx.count("openai_bad_requests")
+            exc = EndpointError(400, f"the request could not be read: {type(exc).__name__}: {exc}")
+            if streamed:
+                await emit(f"event: error\ndata: {json.dumps(_error_body(exc))}\n\n".encode())  # type: ignore[misc]
+            return exc.status, _error_body(exc)
         except EndpointError as exc:
             if streamed:
                 await emit(f"event: error\ndata: {json.dumps(_error_body(exc))}\n\n".encode())  # type: ignore[misc]

@@ -82,7 +82,7 @@ def check_port_free(host: str, port: int) -> None:
             ) from exc
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
     """A preexec_fn that makes the kernel SIGKILL the child when the parent dies."""
 
     libc = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded before fork: the child only calls into it
@@ -174,7 +174,7 @@ class ManagedProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
             self._popen = _on_spawner_thread(popen)
         with _LIVE_LOCK:
