@@ -226,6 +226,7 @@ class TextFeed:
 
     def __init__(self, tokenizer: Any, stream: Any, body: dict[str, Any], parser: Any) -> None:
         self.tokenizer, self.stream, self.ids, self.sent = tokenizer, stream, [], ""
+        self.text, self.prefix, self.read = "", 0, 0  # the text of ids[:read]; ids[prefix:read] the decode's context
         stop = body.get("stop") or []
         # Text that may still become a stop string or the start of a tool call is held back until it cannot.
         self.marker = getattr(getattr(parser, "detector", None), "bot_token", "") if parser is not None else ""
@@ -234,10 +235,18 @@ class TextFeed:
     async def add(self, ids: list[int]) -> None:
         """New sampled ids: send the text that is now safe to show."""
         self.ids += ids
-        text = self.tokenizer.decode(self.ids[:-1], skip_special_tokens=False)  # the last id may be the EOS
+        end = len(self.ids) - 1  # the last id may be the EOS
+        if end > self.read:
+            # Only the new ids are decoded, behind the previous few for context (a turn's whole text each time would
+            # cost its length squared on the rollout's loop).
+            before = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=False)
+            after = self.tokenizer.decode(self.ids[self.prefix : end], skip_special_tokens=False)
+            if len(after) > len(before) and not after.endswith("\ufffd"):  # not inside a multi-byte character
+                self.text += after[len(before) :]
+                self.prefix, self.read = self.read, end
+        text = self.text
         if self.marker and self.marker in text:
             text = text[: text.index(self.marker)]
-        text = text.rstrip("\ufffd")  # an unfinished multi-byte character
         text = text[: max(len(self.sent), len(text) - self.hold)]
         if len(text) > len(self.sent) and text.startswith(self.sent):
             delta, self.sent = text[len(self.sent) :], text

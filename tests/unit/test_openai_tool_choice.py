@@ -38,3 +38,44 @@ def test_a_tag_that_is_a_special_token_gets_the_parser_s_grammar(tiny_qwen3: Pat
     (kind, grammar) = tool_constraint(qwen25_parser(), "required", tokenizer).popitem()
     assert kind == "structural_tag" and '"triggers": ["<tool_call>"]' in grammar and '"at_least_one": true' in grammar
     assert tool_constraint(qwen25_parser(), "auto", tokenizer) == {}
+
+
+def test_a_streamed_turn_s_text_is_the_reply_held_back_only_where_it_must(tiny_qwen3: Path) -> None:
+    """TextFeed (rollout.openai_chat): the deltas, as the ids come one by one, add up to the reply; the last id (maybe
+    the EOS) and text that could still open a tool call are held back until the turn ends."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from rollout.openai_chat import TextFeed
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    reply = "Hello wörld, 3+3=6 ✓ done"
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    class Stream:
+        def __init__(self) -> None:
+            self.deltas: list[str] = []
+            self.finished = False
+
+        async def text(self, delta: str) -> None:
+            self.deltas.append(delta)
+
+        async def finish(self, answer: dict) -> None:
+            self.finished = True
+
+    async def run(parser: object) -> Stream:
+        stream = Stream()
+        feed = TextFeed(tokenizer, stream, {}, parser)
+        for i in ids:
+            await feed.add([i])
+        before_end = "".join(stream.deltas)
+        assert reply.startswith(before_end) and "<|im_end|>" not in before_end
+        await feed.finish(reply, {})
+        assert "".join(stream.deltas) == reply and stream.finished
+        return stream
+
+    plain = asyncio.run(run(None))
+    assert len(plain.deltas) > len(ids) // 2  # streamed as the ids came, not at the end
+    tools = asyncio.run(run(qwen25_parser()))  # "<tool_call>" is 11 characters: the last 11 wait for the end
+    assert len("".join(tools.deltas[:-1])) <= len(reply) - 11
