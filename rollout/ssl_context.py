@@ -34,4 +34,5 @@ def share_default_ssl_context() -> None:
         return _shared[key]
 
     create_ssl_context.shares_default = True  # type: ignore[attr-defined]
+    create_ssl_context.original = original  # type: ignore[attr-defined]
     transports.create_ssl_context = create_ssl_context

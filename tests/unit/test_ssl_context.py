@@ -9,6 +9,7 @@ import httpx
 import httpx._transports.default as transports
 import pytest
 
+from rollout import ssl_context
 from rollout.ssl_context import share_default_ssl_context
 
 
@@ -17,7 +18,11 @@ def context(client: httpx.AsyncClient) -> ssl.SSLContext:
 
 
 def test_default_clients_share_one_context_and_others_keep_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transports, "create_ssl_context", transports.create_ssl_context)  # restored after the test
+    # httpx as it comes (an endpoint started earlier in this process may have shared its context already); both
+    # restored after the test.
+    current = transports.create_ssl_context
+    monkeypatch.setattr(transports, "create_ssl_context", getattr(current, "original", current))
+    monkeypatch.setattr(ssl_context, "_shared", {})
     before = context(httpx.AsyncClient())
     share_default_ssl_context()
     share_default_ssl_context()  # idempotent: not wrapped twice
