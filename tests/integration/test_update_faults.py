@@ -53,7 +53,7 @@ def test_an_engine_killed_inside_an_update_is_restarted_with_the_current_weights
         "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N), "--num-rollout", str(ROLLOUTS),
         "--rollout-max-response-len", "24", "--rollout-num-gpus", "2", "--lr", "1e-3",
         "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "5",
-        "--update-weight-transport", transport, "--update-weight-timeout", "30", "--update-weight-retries", "0",
+        "--update-weight-transport", transport, "--update-weight-timeout", "15", "--update-weight-retries", "0",
         "--check-weight-update", "--save-debug-rollout-data", "--output-dir", str(out), "--ray-num-cpus", "4",
     ]  # fmt: skip
     plan = PLANS[transport]
