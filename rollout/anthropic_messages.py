@@ -267,6 +267,3 @@ def events(body: dict[str, Any], message: dict[str, Any]) -> list[bytes]:
     stream = MessagesStream(body, None, message["model"])
     stream.id = message["id"]
     return stream.on_finish(message)
-
-
-ROUTE = ("messages", handler, make_stream)  # the endpoint's POST route under /s/<sid>/v1/, its handler and stream

@@ -419,6 +419,3 @@ def events(body: dict[str, Any], response: dict[str, Any]) -> list[bytes]:
     stream = ResponsesStream(body, None, response["model"])
     stream.head = {"id": response["id"], "created_at": response["created_at"]}
     return stream.on_finish(response)
-
-
-ROUTE = ("responses", handler, make_stream)  # the endpoint's POST route under /s/<sid>/v1/, its handler and stream
