@@ -450,6 +450,8 @@ async def endpoint_for(ctx: RolloutContext) -> AsyncIterator[OpenAIEndpoint]:
         endpoint.users -= 1
         if ctx.plugin_state.get(_STATE_KEY) is endpoint and endpoint.users == 0:
             ctx.plugin_state.pop(_STATE_KEY, None)
+            # Its start goes on (shielded): whatever it opens is closed once it is done, as nobody will use it.
+            endpoint.starting.add_done_callback(lambda _: asyncio.ensure_future(endpoint.stop()))  # type: ignore[union-attr]
         raise
     token = _current.set(endpoint)
     try:

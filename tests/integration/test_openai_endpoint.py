@@ -386,3 +386,37 @@ def test_in_process_calls_answer_as_over_http(tiny_qwen3: Path, sglang_server: S
             assert ctx.counters["openai_unauthorized"] == 1 and ctx.counters["openai_history_mismatch"] == 1
 
     asyncio.run(main())
+
+
+def test_an_endpoint_whose_only_user_left_while_it_started_is_stopped(tiny_qwen3: Path) -> None:
+    """endpoint_for: the first sample is cancelled while the endpoint starts (a rollout abort): the start goes on,
+    shielded, and what it opened is closed once it is done, not left listening."""
+    from transformers import AutoTokenizer
+
+    from rollout.openai_endpoint import endpoint_for
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    flags = ["--hf-checkpoint", str(tiny_qwen3), "--prompt-data", "x.jsonl", "--rollout-batch-size", "1"]
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            ctx = RolloutContext(parse_args([*flags, "--num-rollout", "1"]), tokenizer, "", http, asyncio.Semaphore(1))
+
+            async def sample() -> None:
+                async with endpoint_for(ctx):
+                    await asyncio.sleep(3600)
+
+            task = asyncio.ensure_future(sample())
+            await asyncio.sleep(0)  # it has asked for the endpoint, whose start is under way
+            endpoint = ctx.plugin_state["openai_endpoint"]
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert "openai_endpoint" not in ctx.plugin_state
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if endpoint.starting.done() and endpoint._runner is None:
+                    break
+            assert endpoint.starting.done() and endpoint._runner is None  # started, then stopped
+
+    asyncio.run(main())
