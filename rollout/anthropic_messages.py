@@ -21,9 +21,8 @@ import json
 import uuid
 from typing import Any
 
-from rollout import openai_chat as chat
 from rollout.openai_chat import Emit, EventStream
-from rollout.openai_responses import Relay, shows_reasoning
+from rollout.openai_responses import complete_translated, shows_reasoning
 from rollout.openai_session import Conversation, EndpointError
 
 _STOP = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
@@ -176,12 +175,7 @@ async def handler(
             body, answer, stream.id if stream is not None else None, answer["choices"][0].get("matched_stop")
         )
 
-    if stream is None:
-        return finalize(await chat.complete_chat(endpoint, conv, chat_body))
-    relay = Relay(stream, finalize)
-    await chat.complete_chat(endpoint, conv, chat_body, stream=relay)
-    assert relay.answer is not None, "complete_chat returned without finishing its stream"
-    return relay.answer
+    return await complete_translated(endpoint, conv, chat_body, stream, finalize)
 
 
 # --- server-sent events ------------------------------------------------------------------------------------------

@@ -291,6 +291,19 @@ class Relay:
         await self.stream.finish(self.answer)
 
 
+async def complete_translated(
+    endpoint: Any, conv: Conversation, chat_body: dict[str, Any], stream: Any, finalize: Callable[..., dict[str, Any]]
+) -> dict[str, Any]:
+    """A dialect's call as a Chat Completions turn: the chat answer made the dialect's by `finalize`, streamed to
+    the dialect's `stream` (through a Relay) when given."""
+    if stream is None:
+        return finalize(await chat.complete_chat(endpoint, conv, chat_body))
+    relay = Relay(stream, finalize)
+    await chat.complete_chat(endpoint, conv, chat_body, stream=relay)
+    assert relay.answer is not None, "complete_chat returned without finishing its stream"
+    return relay.answer
+
+
 async def handler(
     endpoint: Any, conv: Conversation, body: dict[str, Any], stream: ResponsesStream | None = None
 ) -> dict[str, Any]:
@@ -307,12 +320,7 @@ async def handler(
             conv.responses[response["id"]] = (previous, [*new_items, *response["output"]])
         return response
 
-    if stream is None:
-        return finalize(await chat.complete_chat(endpoint, conv, chat_body))
-    relay = Relay(stream, finalize)
-    await chat.complete_chat(endpoint, conv, chat_body, stream=relay)
-    assert relay.answer is not None, "complete_chat returned without finishing its stream"
-    return relay.answer
+    return await complete_translated(endpoint, conv, chat_body, stream, finalize)
 
 
 # --- server-sent events ------------------------------------------------------------------------------------------
