@@ -47,3 +47,27 @@ def recorded_rollout(args: Any, server_url: str) -> tuple[list[list[Sample]], di
         rollout.generate.post_generate = original  # type: ignore[assignment]
         manager.shutdown()
     return groups, metrics, sent
+
+
+def one_train_step(checkpoint: Path, data: Any) -> None:
+    """One Megatron step on a rollout's TrainData, minus the trained tokens' log-probs as the loss: it is finite and
+    the log-probs move."""
+    import torch
+
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.megatron.parallel import init_parallel
+
+    init_parallel(tp=1, pp=1, seed=1234)
+    engine = MegatronTrainEngine(checkpoint, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=512)
+    tokens = sum(map(sum, data.loss_masks))
+
+    def loss(per_sequence: list[torch.Tensor], micro: Any) -> torch.Tensor:  # the micro-batch's rows
+        masks = micro.masks()
+        return sum(-(lp[-len(m) :] * m).sum() for lp, m in zip(per_sequence, masks, strict=True)) / tokens
+
+    before = engine.forward_logprobs(data.tokens)
+    out = engine.train_step(data.tokens, data, loss)
+    after = engine.forward_logprobs(data.tokens)
+    assert torch.isfinite(torch.tensor(out["loss"]))
+    assert (torch.cat(after) - torch.cat(before)).abs().max() > 1e-4

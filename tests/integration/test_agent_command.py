@@ -14,14 +14,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
-from buffer.train_data import TrainData, build_train_data
+from buffer.train_data import build_train_data
 from plugins.agent_command import RESULT_KEY, AgentCommandConfigError, run_command
 from plugins.verifiers_env import DEFAULT_PYTHON, REPO
 from rollout.sglang_server import SGLangServer
 from slime_like.core.sample import Status
-from tests.integration.recorded_rollout import agent_args, recorded_rollout
+from tests.integration.recorded_rollout import agent_args, one_train_step, recorded_rollout
 
 AGENT = REPO / "plugins" / "agents" / "two_turn_agent.py"
 SAMPLES = 2
@@ -110,24 +109,7 @@ def test_an_agent_from_its_own_venv_answers_in_a_file_scored_and_trained_on_the_
         assert tokenizer.decode(last, skip_special_tokens=True).strip() == answer  # the file holds the 2nd reply
     assert not any((root / "out" / "agent_command").iterdir())  # working directories are removed
 
-    data = build_train_data(groups)
-    from slime_like.trainer.megatron.engine import MegatronTrainEngine
-    from slime_like.trainer.megatron.optimizer import OptimizerSettings
-    from slime_like.trainer.megatron.parallel import init_parallel
-
-    init_parallel(tp=1, pp=1, seed=1234)
-    engine = MegatronTrainEngine(tiny_qwen3, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=512)
-    tokens = sum(map(sum, data.loss_masks))
-
-    def loss(per_sequence: list[torch.Tensor], micro: TrainData) -> torch.Tensor:  # the micro-batch's rows
-        masks = micro.masks()
-        return sum(-(lp[-len(m) :] * m).sum() for lp, m in zip(per_sequence, masks, strict=True)) / tokens
-
-    before = engine.forward_logprobs(data.tokens)
-    out = engine.train_step(data.tokens, data, loss)
-    after = engine.forward_logprobs(data.tokens)
-    assert torch.isfinite(torch.tensor(out["loss"]))
-    assert (torch.cat(after) - torch.cat(before)).abs().max() > 1e-4
+    one_train_step(tiny_qwen3, build_train_data(groups))
 
 
 def test_a_command_past_its_timeout_or_failing_fails_its_sample_and_its_group_is_killed(

@@ -12,13 +12,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
-from buffer.train_data import TrainData, build_train_data
+from buffer.train_data import build_train_data
 from plugins.verifiers_env import DEFAULT_PYTHON, REPO
 from rollout.sglang_server import SGLangServer
 from slime_like.core.sample import Status
-from tests.integration.recorded_rollout import agent_args, recorded_rollout
+from tests.integration.recorded_rollout import agent_args, one_train_step, recorded_rollout
 from tests.integration.test_openai_agents_sdk import with_tools_template  # noqa: F401  (a fixture)
 
 ENV = "plugins.verifiers_double_env"
@@ -83,24 +82,7 @@ def test_the_environment_runs_its_tool_scores_and_trains_on_the_sampled_ids(
         sampled = [int(t[1]) for turn in turns for t in turn["out"]["meta_info"]["output_token_logprobs"]]
         assert [t for t, m in zip(response, sample.loss_mask, strict=True) if m] == sampled
 
-    data = build_train_data(groups)
-    from slime_like.trainer.megatron.engine import MegatronTrainEngine
-    from slime_like.trainer.megatron.optimizer import OptimizerSettings
-    from slime_like.trainer.megatron.parallel import init_parallel
-
-    init_parallel(tp=1, pp=1, seed=1234)
-    engine = MegatronTrainEngine(with_tools_template, OptimizerSettings(lr=1e-3), max_tokens_per_micro_batch=512)
-    tokens = sum(map(sum, data.loss_masks))
-
-    def loss(per_sequence: list[torch.Tensor], micro: TrainData) -> torch.Tensor:  # the micro-batch's rows
-        masks = micro.masks()
-        return sum(-(lp[-len(m) :] * m).sum() for lp, m in zip(per_sequence, masks, strict=True)) / tokens
-
-    before = engine.forward_logprobs(data.tokens)
-    out = engine.train_step(data.tokens, data, loss)
-    after = engine.forward_logprobs(data.tokens)
-    assert torch.isfinite(torch.tensor(out["loss"]))
-    assert (torch.cat(after) - torch.cat(before)).abs().max() > 1e-4
+    one_train_step(with_tools_template, build_train_data(groups))
 
 
 def test_a_worker_that_cannot_load_or_dies_fails_its_samples_clearly_and_is_replaced() -> None:
