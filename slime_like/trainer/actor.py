@@ -64,7 +64,7 @@ class TrainActor:
             cp=args.context_parallel_size,
             sequence_parallel=args.sequence_parallel,
             reloadable_groups=bool(getattr(args, "offload_train", False)) and torch.cuda.is_available(),
-            timeout_minutes=getattr(args, "distributed_timeout_minutes", 30),
+            timeout_minutes=getattr(args, "distributed_timeout_minutes", 10),
             gpu_backend=getattr(args, "distributed_backend", "nccl"),
         )
         self.hooks = load_trainer_hooks(args)

@@ -120,8 +120,8 @@ def add_train_option_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--distributed-timeout-minutes",
         type=int,
-        default=30,
-        help="timeout of the trainer ranks' collectives (slime's default is 10)",
+        default=10,
+        help="timeout in minutes of the trainer ranks' collectives (slime's default)",
     )
     n = parser.add_argument_group("slime's trainer flags not supported here (each is an error naming why)")
     for flag, why in REFUSED:

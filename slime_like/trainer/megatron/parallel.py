@@ -21,7 +21,7 @@ from slime_like.trainer.megatron.cpu_compat import ON_CUDA, apply_cpu_compat, se
 _SEQUENCE_PARALLEL = False
 
 
-def init_distributed(timeout_minutes: int = 30, gpu_backend: str = "nccl") -> None:
+def init_distributed(timeout_minutes: int = 10, gpu_backend: str = "nccl") -> None:
     """Initialise the default process group from RANK/WORLD_SIZE/MASTER_* (a world of 1 if unset); `gpu_backend` on
     CUDA (--distributed-backend), gloo on CPU."""
     if dist.is_initialized():
@@ -48,7 +48,7 @@ def init_parallel(
     cp: int = 1,
     sequence_parallel: bool = False,
     reloadable_groups: bool = False,
-    timeout_minutes: int = 30,
+    timeout_minutes: int = 10,
     gpu_backend: str = "nccl",
 ) -> None:
     """Initialise torch.distributed, Megatron parallel state (idempotent for equal sizes) and seeds.
