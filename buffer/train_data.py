@@ -42,6 +42,9 @@ class TrainData:
     teacher_log_probs: list[list[float] | None] = field(default_factory=list)
     # Multi-LoRA (--multi-lora-adapter): the adapter each sample was generated with and trains. Empty in other runs.
     lora_adapters: list[str | None] = field(default_factory=list)
+    # Vision-language samples: the processor's tensors of each sample's images (slime's multimodal_train_inputs:
+    # pixel_values, image_grid_thw), None for a text sample. Empty when no sample has images.
+    multimodal_train_inputs: list[dict[str, Any] | None] = field(default_factory=list)
     # Filled on the rollout side, where whole groups are (buffer.group_rewards.shape_rewards); empty until then.
     rewards: list[float] = field(default_factory=list)  # raw reward plus DAPO's overlong penalty
     baselined_rewards: list[float] = field(default_factory=list)  # rewards after the estimator's group baseline
@@ -204,9 +207,10 @@ def build_train_data(groups: list[list[Sample]], *, reward_key: str | None = Non
             data.rollout_routed_experts.append(_routed_experts(sample))
             data.teacher_log_probs.append(_teacher_log_probs(sample))
             data.lora_adapters.append(sample.metadata.get("lora_adapter"))  # rollout/lora_data.py's ADAPTER_KEY
-    for column in ("rollout_routed_experts", "teacher_log_probs", "lora_adapters"):
+            data.multimodal_train_inputs.append(getattr(sample, "multimodal_train_inputs", None) or None)
+    for column in ("rollout_routed_experts", "teacher_log_probs", "lora_adapters", "multimodal_train_inputs"):
         if not any(r is not None for r in getattr(data, column)):
-            setattr(data, column, [])  # no R3 / no teacher: no column to carry
+            setattr(data, column, [])  # no R3 / no teacher / no images: no column to carry
     return data
 
 

@@ -44,6 +44,7 @@ from slime_like.trainer.megatron import lora as lora_lib
 from slime_like.trainer.megatron import model as model_lib
 from slime_like.trainer.megatron import mtp as mtp_lib
 from slime_like.trainer.megatron import routing_replay as replay_lib
+from slime_like.trainer.megatron import vision_language as vl_lib
 from slime_like.trainer.megatron.cpu_compat import ON_CUDA, cuda_to_cpu
 from slime_like.trainer.megatron.logprobs import logprobs_and_entropy
 from slime_like.trainer.megatron.optimizer import OptimizerSettings, build_optimizer
@@ -139,6 +140,9 @@ class MegatronTrainEngine:
         distributed_optimizer = optimizer is not None and optimizer.use_distributed_optimizer
         self.model = model_lib.build_model(self.bridge, optimizer is not None, distributed_optimizer)
         self.mtp = mtp_lib.MTPTraining(self.model, mtp_layers, mtp_loss_scaling_factor) if mtp_layers else None
+        self.vision = vl_lib.is_vision_language(self.model)
+        if self.vision and self.cp_size > 1:
+            raise ValueError("--context-parallel-size > 1 is not supported for vision-language models yet: use 1")
         with value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
         self.optimizer = self.scheduler = None
@@ -166,23 +170,29 @@ class MegatronTrainEngine:
         with_entropy: bool = False,
         routing: Sequence[Any] | None = None,
         local: bool = False,
+        multimodal: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per sequence (of the full batch on every rank; local=True: of this DP rank's share):
         log p(token_t | tokens_<t) for t >= 1 [, entropies].
 
-        routing: per sequence the experts to replay, [L - 1, layers, topk] (routing_replay.py; None: route freely)."""
+        routing: per sequence the experts to replay, [L - 1, layers, topk] (routing_replay.py; None: route freely).
+        multimodal: per sequence its processor tensors (pixel_values, image_grid_thw) or None (vision_language.py)."""
         for m in self.model:
             m.eval()
         collect = partial(self._collect, with_entropy=with_entropy)
         with torch.no_grad():
-            stores = self._run(sequences, collect, forward_only=True, replay=self._replay(routing), local=local)
+            replay = self._replay(routing)
+            stores = self._run(sequences, collect, forward_only=True, replay=replay, local=local, multimodal=multimodal)
         outputs = {i: v for store in stores for i, v in store.items()}
         merged = share_from_last_stage(outputs, merge_indexed, over_dp=not local)
         logprobs = [merged[i][0] for i in range(len(sequences))]
         return (logprobs, [merged[i][1] for i in range(len(sequences))]) if with_entropy else logprobs
 
     def forward_logprobs_and_routing(
-        self, sequences: Sequence[Sequence[int] | torch.Tensor], local: bool = False
+        self,
+        sequences: Sequence[Sequence[int] | torch.Tensor],
+        local: bool = False,
+        multimodal: Sequence[dict[str, Any] | None] | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """forward_logprobs, and the experts each MoE router picked per sequence, [L - 1, layers, topk] int32 on
         every rank (--use-routing-replay records them in the old-policy forward); local=True as forward_logprobs."""
@@ -193,7 +203,7 @@ class MegatronTrainEngine:
         replay = self._replay(None, record=True)
         with torch.no_grad():
             collect = partial(self._collect, with_entropy=False)
-            stores = self._run(sequences, collect, forward_only=True, replay=replay, local=local)
+            stores = self._run(sequences, collect, forward_only=True, replay=replay, local=local, multimodal=multimodal)
         outputs = {i: v for store in stores for i, v in store.items()}
         merged = share_from_last_stage(outputs, merge_indexed, over_dp=not local)
         # Each rank recorded its DP share's sequences for its pipeline stage's layers: every rank gets them all
@@ -211,11 +221,14 @@ class MegatronTrainEngine:
         return [merged[i][0] for i in range(len(sequences))], routing
 
     def forward_values(
-        self, sequences: Sequence[Sequence[int] | torch.Tensor], local: bool = False
+        self,
+        sequences: Sequence[Sequence[int] | torch.Tensor],
+        local: bool = False,
+        multimodal: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[torch.Tensor]:
         """A critic's (value_head=True) per-sequence values of the states before tokens 1..L-1."""
         assert self.value_head, "engine was built without a value head"
-        return self.forward_logprobs(sequences, local=local)
+        return self.forward_logprobs(sequences, local=local, multimodal=multimodal)
 
     def train_step(
         self,
@@ -235,9 +248,11 @@ class MegatronTrainEngine:
         or any per-sequence list (loss_fn then gets the micro-batch's items).
         entropy_grad=False hands loss_fn entropies without a graph (a metric only): no [T, V] backward.
         routing: per sequence the experts to replay in the forward (and any recompute), as in forward_logprobs.
-        mtp_loss_masks: with MTP layers, per sequence the tokens the MTP loss counts, aligned with its log-probs."""
+        mtp_loss_masks: with MTP layers, per sequence the tokens the MTP loss counts, aligned with its log-probs.
+        The images of a vision-language batch come from per_sequence_data.multimodal_train_inputs (a TrainData)."""
         assert self.optimizer is not None, "engine was built without an optimizer"
         assert len(per_sequence_data) == len(sequences), "one data item per sequence"
+        multimodal = vl_lib.training_images(per_sequence_data, self.model) if self.vision else None
         if self.mtp is not None:
             if mtp_loss_masks is None:
                 raise ValueError("this engine trains MTP layers (--enable-mtp-training): pass mtp_loss_masks")
@@ -250,7 +265,10 @@ class MegatronTrainEngine:
             self._loss, data=per_sequence_data, loss_fn=loss_fn, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
         try:
-            stores = self._run(sequences, compute, forward_only=False, replay=self._replay(routing), local=local)
+            replay = self._replay(routing)
+            stores = self._run(
+                sequences, compute, forward_only=False, replay=replay, local=local, multimodal=multimodal
+            )
         finally:
             if self.mtp is not None:
                 self.mtp.end_step()
@@ -367,11 +385,16 @@ class MegatronTrainEngine:
             groups=(mpu.get_context_parallel_group(), mpu.get_tensor_model_parallel_group()),
         )
 
-    def _run(self, sequences, compute: Callable, forward_only: bool, replay=None, local: bool = False) -> list[dict]:
+    def _run(
+        self, sequences, compute: Callable, forward_only: bool, replay=None, local: bool = False, multimodal=None
+    ) -> list[dict]:
         """Run Megatron's forward-backward schedule; `compute(mb, shard, num_mb, output)` is the loss function;
-        `replay` (routing_replay.RoutingReplay) sets the routers' experts around each micro-batch's forward."""
+        `replay` (routing_replay.RoutingReplay) sets the routers' experts around each micro-batch's forward;
+        `multimodal` gives each micro-batch's images to a vision-language model (vision_language.micro_batch_inputs)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        if multimodal is not None and not self.vision:
+            vl_lib.refuse_images(multimodal, self.bridge.hf_config)
         micro_batches = self._plan(sequences, local)
         num_mb = len(micro_batches)
 
@@ -386,11 +409,13 @@ class MegatronTrainEngine:
             with_mtp = self.mtp is not None and not forward_only and self.mtp.on(model)  # the last PP stage's
             if with_mtp:
                 self.mtp.set_targets(model, mb, self.device, shard)
+            images = vl_lib.micro_batch_inputs(multimodal, mb.indices, self.device) if self.vision else {}
             output = model(
                 tokens.to(self.device),
                 positions.to(self.device),
                 mask,
                 packed_seq_params=mb.packed_seq_params(self.device),
+                **images,
             )
             if replay is not None:
                 replay.after(model, mb)

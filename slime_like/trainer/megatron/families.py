@@ -184,8 +184,31 @@ _QWEN3_NEXT = {
 }
 
 
+# Qwen2.5-VL's vision tower (transformers' module, vision_language.py): Megatron names are the checkpoint's names.
+_VB = "visual.blocks.{layer}"
+_QWEN2_5_VISION = {
+    name: _copy(name)
+    for name in (
+        "visual.patch_embed.proj.weight",
+        f"{_VB}.norm1.weight",
+        f"{_VB}.norm2.weight",
+        *(f"{_VB}.{module}.{p}" for module in ("attn.qkv", "attn.proj") for p in ("weight", "bias")),
+        *(f"{_VB}.mlp.{proj}_proj.{p}" for proj in ("gate", "up", "down") for p in ("weight", "bias")),
+        "visual.merger.ln_q.weight",
+        *(f"visual.merger.mlp.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")),
+    )
+}
+_VISION_PREFIXES = ("visual.", "model.visual.")
+
+
+def is_vision_name(key: str) -> bool:
+    """Whether a Megatron name (template) is a vision tower's: its blocks keep their own numbering."""
+    return key.startswith(_VISION_PREFIXES)
+
+
 _MBRIDGE = "mbridge.models"
 _OURS = "slime_like.trainer.megatron.bridges"
+_VL = "slime_like.trainer.megatron.vision_language"
 
 
 def _families() -> dict[str, Family]:
@@ -220,6 +243,11 @@ def _families() -> dict[str, Family]:
         "minimax_m2": Family(f"{_OURS}:MiniMaxM2Bridge", _MINIMAX_M2),
         # Qwen3-Next: gated delta net + gated attention (slime_like.trainer.megatron.gated_delta_net), MoE + shared expert.
         "qwen3_next": Family(f"{_OURS}:Qwen3NextBridge", _QWEN3_NEXT),
+        # Qwen2.5-VL: Qwen2's language model (text_config, mrope) beside transformers' vision tower (vision_language.py).
+        **dict.fromkeys(
+            ("qwen2_5_vl", "qwen2_5_vl_text"),
+            Family(f"{_VL}:Qwen2_5VLBridge", {**_DENSE_GQA, **_QWEN2_5_VISION}),
+        ),
         # Qwen3.5 / 3.6: Qwen3-Next's layers (in_proj split in four) under text_config; the bridge holds the text
         # config (model_type qwen3_5_text / qwen3_5_moe_text); the vision tower is not built.
         **dict.fromkeys(
@@ -244,6 +272,7 @@ TE_ALIASES = {
 _LAYER = re.compile(r"(?<=\blayers\.)(\d+)(?=\.)")
 _LOCAL_EXPERT = re.compile(r"(?<=\.local_experts\.)(\d+)(?=\.)")
 _TE_EXPERT = re.compile(r"(?<=\.experts\.linear_fc[12]\.weight)(\d+)$")
+_VISION_BLOCK = re.compile(r"(?<=^visual\.blocks\.)(\d+)(?=\.)|(?<=^model\.visual\.blocks\.)(\d+)(?=\.)")
 
 
 def family_of(hf_config: Any) -> Family:
@@ -259,6 +288,8 @@ def template(name: str) -> tuple[str, int | None, int | None]:
     'decoder.layers.3.mlp.experts.linear_fc1.weight5' -> ('decoder.layers.{layer}.mlp.experts.local_experts.
     {expert}.linear_fc1.weight', 3, 5)."""
     layer = expert = None
+    if m := _VISION_BLOCK.search(name):  # a vision tower's block: {layer} is the block number
+        return name[: m.start()] + "{layer}" + name[m.end() :], int(m.group(m.lastindex)), None
     if m := _LAYER.search(name):
         layer = int(m.group(1))
         name = name[: m.start()] + "{layer}" + name[m.end() :]

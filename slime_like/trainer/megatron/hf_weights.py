@@ -21,7 +21,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from slime_like.trainer.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
-from slime_like.trainer.megatron.families import Rule, rules_for, template
+from slime_like.trainer.megatron.families import Rule, is_vision_name, rules_for, template
 from slime_like.trainer.megatron.lora import is_adapter_param
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -130,8 +130,9 @@ def _entries(chunk: torch.nn.Module, rules: dict[str, Rule]) -> list[_Entry]:
             _Entry(
                 name,
                 rule,
-                # MTP layers (mtp.layers.{i}) keep their own numbering; decoder layers get their global number.
-                layer if layer is None or key.startswith("mtp.") else global_layer[layer],
+                # MTP layers (mtp.layers.{i}) and vision blocks keep their own numbering; decoder layers get their
+                # global number.
+                layer if layer is None or key.startswith("mtp.") or is_vision_name(key) else global_layer[layer],
                 expert,
                 bool(getattr(tensor, "tensor_model_parallel", False)),
                 getattr(tensor, "partition_dim", 0),

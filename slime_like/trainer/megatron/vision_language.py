@@ -1,0 +1,295 @@
+"""Vision-language models: Megatron's language model beside the transformers vision tower (slime's design).
+
+A VL family's model chunk is a GPTModel subclass (VisionLanguageGPTModel) holding, on the first pipeline stage, the
+Hugging Face vision module built from the checkpoint's vision_config under the name the checkpoint stores it
+(`visual.*` for Qwen2.5-VL), so loading, export, checkpoints and weight sync use the HF names as they are
+(families.py maps them as plain copies). The language model keeps GPTModel's names.
+
+Forward of one micro-batch: the vision tower turns the micro-batch's `pixel_values` / `image_grid_thw` (the
+processor's tensors of its sequences, concatenated in sequence order: micro_batch_inputs) into image embeddings,
+scattered into the word embeddings at the image-pad tokens (row-major order = sequence order), then GPTModel runs
+with `decoder_input` and Qwen2.5-VL's 3-D multimodal rope (position_embedding_type "mrope"): positions per sequence
+from its token ids and image grids (mrope_positions, transformers' get_rope_index), sequences found in a packed row
+where their 1-D positions restart at 0.
+
+Parallelism: the tower is replicated on every TP rank (its inputs and the gradient reaching its output are the same
+there, so its gradients are too), its parameters are ordinary DDP parameters (reduced over DP with the LM's, in the
+optimizer with them), and Megatron counts them once in the grad norm (not tensor-parallel). Freeze it with slime's
+`--freeze-params-name-list visual`. Not built: videos, context parallel, and the vision paths of Qwen3-VL / Qwen3.5
+(Qwen3.5 trains its text model; an image sample for it is refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from mbridge.models.qwen2 import Qwen2Bridge
+from megatron.core.models.gpt import GPTModel
+
+from slime_like.core.hf_config import text_config
+from slime_like.trainer.megatron.bridges import fix_hf_config, rope_parameters
+
+# The processor's tensors the trainer feeds the model (slime's Sample.multimodal_train_inputs); other keys (e.g.
+# mm_token_type_ids) are not needed: positions come from the token ids.
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
+
+
+def _vision_tower(vl_config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The transformers vision module of a VL config (random init; the checkpoint's weights are loaded after)."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(vl_config.vision_config)
+    tower.to(dtype=dtype)
+    for param in tower.parameters():  # replicated over TP (Megatron's default attributes say so explicitly)
+        param.tensor_model_parallel = False
+        param.partition_dim = -1
+        param.partition_stride = 1
+    return tower
+
+
+def mrope_positions(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    image_grid_thw: torch.Tensor | None,
+    image_token_id: int,
+    spatial_merge_size: int,
+) -> torch.Tensor:
+    """Qwen2.5-VL's [3, rows, T] rope positions (temporal, height, width) of a micro-batch's token rows.
+
+    Each sequence (a run of `position_ids` starting at 0) counts its own positions: text tokens advance all three by
+    one; an image's tokens (t x h x w merged patches, grids consumed in row-major order) take start + (t, h, w)
+    indices and the text after it starts at start + max(h, w), as transformers' get_rope_index does.
+    """
+    rows, width = input_ids.shape
+    out = torch.zeros(3, rows, width, dtype=torch.long)
+    ids = input_ids.cpu()
+    grids = iter([] if image_grid_thw is None else image_grid_thw.cpu().tolist())
+    starts = position_ids.cpu() == 0
+    for row in range(rows):
+        is_image = (ids[row] == image_token_id).tolist()
+        row_starts = starts[row].tolist()
+        current, i = 0, 0
+        while i < width:
+            if row_starts[i]:
+                current = 0
+            if not is_image[i]:
+                j = i + 1  # a text run: to the next image token or sequence start
+                while j < width and not is_image[j] and not row_starts[j]:
+                    j += 1
+                out[:, row, i:j] = torch.arange(current, current + j - i)
+                current += j - i
+                i = j
+                continue
+            grid = next(grids, None)
+            if grid is None:
+                raise ValueError(
+                    "the micro-batch has more image tokens than its image_grid_thw describes: each sample's "
+                    "multimodal_train_inputs must be the processor's tensors of the images its tokens hold"
+                )
+            t, h, w = grid[0], grid[1] // spatial_merge_size, grid[2] // spatial_merge_size
+            count = t * h * w
+            if i + count > width or not all(is_image[i : i + count]):
+                raise ValueError(
+                    f"an image of grid {grid} needs {count} consecutive image tokens at position {i}: the prompt's "
+                    "image tokens do not match the sample's image_grid_thw"
+                )
+            out[0, row, i : i + count] = torch.arange(t).repeat_interleave(h * w) + current
+            out[1, row, i : i + count] = torch.arange(h).repeat_interleave(w).repeat(t) + current
+            out[2, row, i : i + count] = torch.arange(w).repeat(h * t) + current
+            current += max(grid[1], grid[2]) // spatial_merge_size
+            i += count
+    if next(grids, None) is not None:
+        raise ValueError("the micro-batch's image_grid_thw describes more images than its tokens hold")
+    return out.to(input_ids.device)
+
+
+class VisionLanguageGPTModel(GPTModel):
+    """GPTModel with a transformers vision tower whose image embeddings replace the image-pad tokens' embeddings."""
+
+    def __init__(self, *args: Any, vl_config: Any, **kwargs: Any) -> None:
+        super().__init__(*args, scatter_embedding_sequence_parallel=False, **kwargs)
+        self.image_token_id = int(vl_config.image_token_id)
+        self.spatial_merge_size = int(vl_config.vision_config.spatial_merge_size)
+        # Qwen2.5-VL checkpoints store the tower as visual.* (Megatron name == HF name).
+        self.visual = _vision_tower(vl_config, self.config.params_dtype) if self.pre_process else None
+
+    def _image_embeddings(
+        self, input_ids: torch.Tensor, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Word embeddings [T, rows, H] with the image embeddings at the image-pad tokens."""
+        embeddings = self.embedding(input_ids=input_ids, position_ids=None)
+        is_image = input_ids == self.image_token_id
+        if pixel_values is None:
+            if bool(is_image.any()):
+                raise ValueError(
+                    "image tokens in a sequence without pixel_values: the sample's multimodal_train_inputs are "
+                    "missing (the rollout must set them, slime's contract)"
+                )
+            return embeddings
+        tower = self.visual
+        images = tower(pixel_values.to(tower.dtype), grid_thw=image_grid_thw).pooler_output
+        count = int(is_image.sum())
+        if count != images.shape[0]:
+            raise ValueError(
+                f"{count} image tokens but {images.shape[0]} image embeddings from the vision tower: the prompt's image "
+                "tokens and the sample's pixel_values / image_grid_thw disagree"
+            )
+        mask = is_image.transpose(0, 1)[..., None].expand_as(embeddings)
+        return embeddings.masked_scatter(mask, images.to(embeddings.dtype))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        decoder_input: torch.Tensor | None = None,
+        *args: Any,
+        pixel_values: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """GPTModel's forward with the images in place and 3-D rope positions (position_ids: per-sequence 1-D)."""
+        rope = mrope_positions(input_ids, position_ids, image_grid_thw, self.image_token_id, self.spatial_merge_size)
+        if self.pre_process and decoder_input is None:
+            decoder_input = self._image_embeddings(input_ids, pixel_values, image_grid_thw)
+            if self.config.sequence_parallel:
+                from megatron.core import tensor_parallel
+
+                decoder_input = tensor_parallel.scatter_to_sequence_parallel_region(decoder_input)
+        return super().forward(input_ids, rope, attention_mask, decoder_input, *args, **kwargs)
+
+
+def micro_batch_inputs(
+    per_sequence: Sequence[dict[str, Any] | None] | None, indices: Sequence[int], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The model's image inputs of one micro-batch: its sequences' pixel_values and image_grid_thw concatenated in
+    the order the sequences sit in its rows (filler -1 has none); {} when none of them has images."""
+    if not per_sequence:
+        return {}
+    chosen = [per_sequence[i] for i in indices if i >= 0 and per_sequence[i]]
+    for inputs in chosen:
+        if any(inputs.get(key) is not None for key in VIDEO_KEYS):
+            raise ValueError("video inputs (pixel_values_videos) are not supported by the trainer yet: images only")
+        if (inputs.get("pixel_values") is None) != (inputs.get("image_grid_thw") is None):
+            raise ValueError("multimodal_train_inputs need both pixel_values and image_grid_thw (the processor's)")
+    chosen = [inputs for inputs in chosen if inputs.get("pixel_values") is not None]
+    if not chosen:
+        return {}
+    return {
+        key: torch.cat([torch.as_tensor(inputs[key]) for inputs in chosen]).to(device, non_blocking=True)
+        for key in IMAGE_KEYS
+    }
+
+
+def check_text_only_loss(
+    tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], loss_masks: Sequence[Sequence[int]], image_id: int
+) -> None:
+    """A ValueError if a loss-masked response token is an image-pad token (images belong to the prompt)."""
+    for k, (seq, length, mask) in enumerate(zip(tokens, response_lengths, loss_masks, strict=True)):
+        response = list(seq[len(seq) - length :])
+        if any(m and t == image_id for t, m in zip(response, mask, strict=False)):
+            raise ValueError(
+                f"sequence {k}: an image token is inside the loss mask: image tokens must be prompt tokens (or masked "
+                "out with loss_mask 0 when a multi-turn rollout adds images between turns)"
+            )
+
+
+def is_vision_language(model: Sequence[torch.nn.Module]) -> bool:
+    """Whether the model chunks are a VL model (VisionLanguageGPTModel)."""
+    return isinstance(_unwrapped(model), VisionLanguageGPTModel)
+
+
+class Qwen2_5VLBridge(Qwen2Bridge):
+    """Qwen2.5-VL (qwen2_5_vl): Qwen2's language model (qkv bias) from text_config with 3-D mrope, beside the
+    transformers vision tower (VisionLanguageGPTModel). The bridge's hf_config is the text config; vl_config the whole."""
+
+    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
+        self.vl_config = hf_config
+        text = text_config(hf_config)
+        fix_hf_config(text)
+        super().__init__(text, *args, **kwargs)
+
+    def _build_config(self) -> Any:
+        rope = rope_parameters(self.hf_config)
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
+            raise ValueError(f"rope_type {rope.get('rope_type')!r} in the HF config: Qwen2.5-VL runs plain mrope only")
+        if "mrope_section" not in rope:
+            raise ValueError("the HF config's rope_parameters have no mrope_section: not a Qwen2.5-VL text config")
+        config = super()._build_config()
+        config.mrope_section = list(rope["mrope_section"])
+        config.apply_rope_fusion = False
+        return config
+
+    def _get_gptmodel_args(self) -> dict:
+        args = super()._get_gptmodel_args()
+        args.update(position_embedding_type="mrope", rotary_base=rope_parameters(self.hf_config)["rope_theta"])
+        return args
+
+    def _model_provider(self, post_model_creation_callbacks: list, **_: Any):
+        """mbridge's GPTModel provider, building VisionLanguageGPTModel chunks (the tower on the first stage)."""
+        import math
+
+        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+
+        def provider(pre_process: bool, post_process: bool, vp_stage: int | None = None) -> GPTModel:
+            spec = self._get_transformer_layer_spec(vp_stage)
+            args = self._get_gptmodel_args()
+            if vp_stage is not None and getattr(self, "has_vp_stage", False):
+                args["vp_stage"] = vp_stage
+            self.vocab_size = self.padded_vocab_size = args["vocab_size"]
+            if self.make_vocab_size_divisible_by is not None:
+                divisor = self.make_vocab_size_divisible_by
+                self.padded_vocab_size = int(math.ceil(self.vocab_size / divisor) * divisor)
+            args["vocab_size"] = self.padded_vocab_size
+            model = VisionLanguageGPTModel(
+                config=self.config,
+                transformer_layer_spec=spec,
+                pre_process=pre_process,
+                post_process=post_process,
+                share_embeddings_and_output_weights=tied,
+                vl_config=self.vl_config,
+                **args,
+            )
+            for callback in post_model_creation_callbacks:
+                callback(
+                    model,
+                    pre_process=pre_process,
+                    post_process=post_process,
+                    config=self.config,
+                    hf_config=self.hf_config,
+                )
+            return model
+
+        return provider
+
+
+def _unwrapped(model: Sequence[torch.nn.Module]) -> torch.nn.Module:
+    chunk = model[0]
+    while hasattr(chunk, "module"):  # DDP, Float16Module
+        chunk = chunk.module
+    return chunk
+
+
+def training_images(data: Any, model: Sequence[torch.nn.Module]) -> list[Any] | None:
+    """A training batch's per-sequence images (TrainData.multimodal_train_inputs; None without any), checked to lie
+    outside the loss mask."""
+    images = getattr(data, "multimodal_train_inputs", None)
+    if not images or not any(images):
+        return None
+    if getattr(data, "loss_masks", None):
+        check_text_only_loss(data.tokens, data.response_lengths, data.loss_masks, _unwrapped(model).image_token_id)
+    return list(images)
+
+
+def refuse_images(multimodal: Sequence[dict[str, Any] | None], hf_config: Any) -> None:
+    """A ValueError when images reach a model built without a vision tower, naming what is built."""
+    if any(inputs and inputs.get(key) is not None for inputs in multimodal for key in IMAGE_KEYS + VIDEO_KEYS):
+        raise ValueError(
+            f"image inputs reached the trainer, but this model ({getattr(hf_config, 'model_type', None)}) is built "
+            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL (qwen2_5_vl) only; Qwen3.5 "
+            "trains its text model and Qwen3-VL is not supported yet. Train a Qwen2.5-VL checkpoint, or drop "
+            "--multimodal-keys to train on text"
+        )

@@ -1,0 +1,197 @@
+"""Qwen2.5-VL on the trainer: Megatron's language model beside transformers' vision tower (vision_language.py).
+
+A tiny random Qwen2.5-VL (fp32, written here with transformers) against Qwen2_5_VLForConditionalGeneration: packed
+log-probs of two sequences with different images within 1e-5; the 3-D rope positions equal get_rope_index's; a train
+step reaches the vision tower unless --freeze-params-name-list freezes it; HF -> torch_dist -> HF is bit-exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from buffer.train_data import TrainData
+from tests.megatron.common import torch_dist_to_hf_round_trip
+from tests.megatron.test_families import safetensors_of
+
+IMAGE, VIDEO, START, END = 250, 251, 252, 253  # special token ids of the tiny config
+PATCH, TEMPORAL, MERGE = 14, 2, 2
+
+
+def make_tiny_qwen2_5_vl(out: Path) -> Path:
+    """A random fp32 Qwen2.5-VL checkpoint (two LM layers, two vision blocks, a windowed and a full one)."""
+    import transformers
+
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=PATCH,
+            temporal_patch_size=TEMPORAL,
+            spatial_merge_size=MERGE,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        ),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=START,
+        vision_end_token_id=END,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():  # random norms, so that a wrong norm mapping shows
+        for name, param in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(out)
+    return out
+
+
+def image_sample(grid: tuple[int, int], text: list[int], answer: list[int], seed: int) -> tuple[list[int], dict]:
+    """Tokens (text, an image's pads between start/end, text, answer) and its processor-like tensors."""
+    g = torch.Generator().manual_seed(seed)
+    h, w = grid
+    pads = (h // MERGE) * (w // MERGE)
+    tokens = [1, 2, START, *[IMAGE] * pads, END, *text, *answer]
+    pixels = torch.randn(h * w, 3 * TEMPORAL * PATCH * PATCH, generator=g)
+    return tokens, {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, h, w]])}
+
+
+SAMPLES = [
+    image_sample((4, 4), [5, 6, 7], [8, 9, 10, 11], seed=1),
+    image_sample((6, 4), [12, 13], [14, 15, 16], seed=2),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
+
+
+def _hf_logprobs(hf_dir: Path) -> list[torch.Tensor]:
+    """transformers' log-probs of tokens 1..L-1 of each sample, one forward each."""
+    import transformers
+
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    out = []
+    for tokens, images in SAMPLES:
+        ids = torch.tensor([tokens])
+        kinds = (ids == IMAGE).int()  # mm_token_type_ids: image 1, text 0
+        with torch.no_grad():
+            logits = model(input_ids=ids, mm_token_type_ids=kinds, **images).logits[0]
+        out.append(torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None])[:, 0])
+    return out
+
+
+def _engine(hf_dir: Path, freeze: bool = False):
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from slime_like.trainer.train_options import freeze_callback, trainable_filter
+
+    trains = trainable_filter(SimpleNamespace(freeze_params_name_list=["visual"])) if freeze else None
+    return MegatronTrainEngine(
+        hf_dir, OptimizerSettings(lr=1e-2), freeze=trains and freeze_callback(trains), max_tokens_per_micro_batch=4096
+    )
+
+
+def test_packed_logprobs_match_transformers(tiny_qwen2_5_vl, megatron_world):
+    engine = _engine(tiny_qwen2_5_vl)
+    tokens = [t for t, _ in SAMPLES]
+    got = engine.forward_logprobs(tokens, multimodal=[m for _, m in SAMPLES])
+    assert len(engine._plan(tokens)) == 1  # both sequences in one packed micro-batch
+    for ours, theirs in zip(got, _hf_logprobs(tiny_qwen2_5_vl), strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_mrope_positions_match_get_rope_index(tiny_qwen2_5_vl):
+    import transformers
+
+    from slime_like.trainer.megatron.vision_language import mrope_positions
+
+    model = transformers.Qwen2_5_VLModel.from_pretrained(tiny_qwen2_5_vl, dtype=torch.float32)
+    row = torch.tensor([SAMPLES[0][0] + SAMPLES[1][0]])
+    per_sequence = torch.cat([torch.arange(len(t)) for t, _ in SAMPLES])[None]
+    grids = torch.cat([m["image_grid_thw"] for _, m in SAMPLES])
+    got = mrope_positions(row, per_sequence, grids, IMAGE, MERGE)
+    start = 0
+    for tokens, images in SAMPLES:
+        ids = torch.tensor([tokens])
+        want, _ = model.get_rope_index(ids, (ids == IMAGE).int(), image_grid_thw=images["image_grid_thw"])
+        assert torch.equal(got[:, :, start : start + len(tokens)], want)
+        start += len(tokens)
+
+
+def _train_data() -> TrainData:
+    tokens = [t for t, _ in SAMPLES]
+    answers = [4, 3]
+    return TrainData(
+        tokens=tokens,
+        response_lengths=answers,
+        loss_masks=[[1] * n for n in answers],
+        multimodal_train_inputs=[m for _, m in SAMPLES],
+    )
+
+
+def _sum_logprob_loss(logprobs: list[torch.Tensor], data: TrainData) -> torch.Tensor:
+    return -sum(lp[-n:].sum() for lp, n in zip(logprobs, data.response_lengths, strict=True)) / 7
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["trained", "frozen"])
+def test_train_step_reaches_the_vision_tower_unless_frozen(tiny_qwen2_5_vl, megatron_world, freeze):
+    engine = _engine(tiny_qwen2_5_vl, freeze=freeze)
+    chunk = engine.model[0].module
+    before = {n: p.detach().clone() for n, p in chunk.named_parameters()}
+    data = _train_data()
+    metrics = engine.train_step(data.tokens, data, _sum_logprob_loss)
+    assert metrics["update_successful"] == 1.0
+    changed = {n for n, p in chunk.named_parameters() if not torch.equal(p, before[n])}
+    vision = {n for n in before if n.startswith("visual.")}
+    assert "decoder.layers.0.self_attention.linear_qkv.weight" in changed
+    if freeze:
+        assert not changed & vision
+        assert all(not p.requires_grad for n, p in chunk.named_parameters() if n in vision)
+    else:
+        assert {"visual.patch_embed.proj.weight", "visual.blocks.0.attn.qkv.weight", "visual.merger.mlp.2.bias"} <= (
+            changed
+        )
+
+
+def test_image_tokens_outside_the_loss_mask(tiny_qwen2_5_vl, megatron_world):
+    engine = _engine(tiny_qwen2_5_vl)
+    data = _train_data()
+    data.response_lengths = [len(data.tokens[0]) - 1, 3]  # the first "response" holds its image
+    data.loss_masks = [[1] * n for n in data.response_lengths]
+    with pytest.raises(ValueError, match="image token is inside the loss mask"):
+        engine.train_step(data.tokens, data, _sum_logprob_loss)
+
+
+def test_export_and_torch_dist_round_trip_are_bit_exact(tiny_qwen2_5_vl, megatron_world, tmp_path):
+    engine = _engine(tiny_qwen2_5_vl)
+    original = safetensors_of(tiny_qwen2_5_vl)
+    exported = {name: t.clone() for name, t in engine.export_hf_weights()}
+    assert sorted(exported) == sorted(original)
+    assert any(name.startswith("visual.blocks.1.") for name in exported)
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name
+    data = _train_data()  # a step first: the optimizer state is saved too, and trained weights convert back
+    engine.train_step(data.tokens, data, _sum_logprob_loss)
+    converted = torch_dist_to_hf_round_trip(engine, tiny_qwen2_5_vl, tmp_path)
+    assert not torch.equal(converted["visual.patch_embed.proj.weight"], original["visual.patch_embed.proj.weight"])
