@@ -25,6 +25,16 @@ def local_layer_spec(self, vp_stage: int | None = None):
         from slime_like.trainer.megatron.all_heads_qk_norm import add_all_heads_qk_norm
 
         add_all_heads_qk_norm(spec)
+    kernels = getattr(self, "slime_like_local_kernels", None)  # make_bridge's choice (local_kernels_flags.py)
+    fusable = self.config.normalization == "RMSNorm" and not self.config.layernorm_zero_centered_gamma
+    if kernels is not None and kernels.fused_elementwise and fusable:
+        from slime_like.trainer.megatron.fused_ops import fuse_norms
+
+        fuse_norms(spec)
+    if kernels is not None and kernels.grouped_experts:
+        from slime_like.trainer.megatron.grouped_experts import use_grouped_experts
+
+        use_grouped_experts(spec)
     return spec
 
 

@@ -72,6 +72,7 @@ def make_bridge(
     apply_cpu_compat()
     local_spec = not transformer_engine_available()
     _check_context_parallel(local_spec)
+    local_kernels = config_overrides.pop("local_kernels", None)  # a LocalKernels (local_kernels_flags.py) or auto
     tp = mpu.get_tensor_model_parallel_world_size()
     # Off at TP 1 (nothing to split), as init_parallel and Megatron-LM turn it off.
     sequence_parallel = config_overrides.pop("sequence_parallel", sequence_parallel_enabled()) and tp > 1
@@ -82,9 +83,20 @@ def make_bridge(
     bridge = family.bridge(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     bridge.slime_like_local_spec = local_spec
     bridge.slime_like_hf_dir = Path(hf_dir)
+    # Fused elementwise kernels and grouped experts of the local spec, read by local_layer_spec (fused_ops.py,
+    # grouped_experts.py); Megatron's RoPE/SwiGLU fusion switches go into the config unless the caller set them.
+    if local_kernels is None:
+        from slime_like.trainer.megatron.local_kernels_flags import choose_local_kernels
+
+        local_kernels = choose_local_kernels(cuda=ON_CUDA, transformer_engine=not local_spec)
+    bridge.slime_like_local_kernels = local_kernels
+    if local_spec and local_kernels.fused_elementwise:
+        from slime_like.trainer.megatron.fused_ops import fusion_config_overrides
+
+        config_overrides = {**fusion_config_overrides(bridge.config), **config_overrides}
     if local_spec and not getattr(bridge, "builds_own_layer_spec", False):  # Qwen3-Next builds both specs
         bridge._get_transformer_layer_spec = types.MethodType(local_layer_spec, bridge)
-    bridge.set_extra_args(**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides)
+    bridge.set_extra_args(**{**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides})
     return bridge
 
 

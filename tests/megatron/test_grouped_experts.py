@@ -1,0 +1,77 @@
+"""GroupedExperts (grouped_experts.py) against per-expert matmuls and against Megatron's SequentialMLP: the same
+log-probs and gradients on a tiny Qwen3-MoE, the same parameter and export names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.megatron.test_fused_ops import logits_and_grads
+
+
+def _per_expert(x: torch.Tensor, weights: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The reference: each expert's rows times its weight, one expert after another."""
+    return torch.cat([rows @ w.T for rows, w in zip(torch.split(x, counts), weights, strict=True)])
+
+
+@pytest.mark.parametrize(
+    ("use_grouped_mm", "dtype"),
+    [(True, torch.float32), (False, torch.float32), (True, torch.bfloat16)],
+    ids=["grouped_mm-fp32", "padded-bmm-fp32", "grouped_mm-bf16"],
+)
+def test_grouped_linear_matches_per_expert_matmuls(use_grouped_mm: bool, dtype: torch.dtype) -> None:
+    from slime_like.trainer.megatron.grouped_experts import grouped_linear, grouped_mm_usable
+
+    if use_grouped_mm and not grouped_mm_usable((16, 32), dtype):
+        pytest.skip(f"torch._grouped_mm does not take {dtype} here")
+    counts = [3, 0, 7, 2]  # an expert without tokens too
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(sum(counts), 16, generator=g).to(dtype), torch.randn(4, 32, 16, generator=g).to(dtype)
+    offsets = torch.cumsum(torch.tensor(counts), 0, dtype=torch.int32)
+    grad_out = torch.randn(sum(counts), 32, generator=g).to(dtype)
+    results = []
+    for fn in (lambda x, w: grouped_linear(x, w, offsets, use_grouped_mm), lambda x, w: _per_expert(x, w, counts)):
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(xi, wi)
+        out.backward(grad_out)
+        results.append((out.detach(), xi.grad, wi.grad))
+    tol = {"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+def _model(hf_dir: Path, grouped: bool):
+    from slime_like.trainer.megatron.local_kernels_flags import LocalKernels
+    from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
+
+    bridge = make_bridge(hf_dir, torch.float32, local_kernels=LocalKernels(grouped_experts=grouped))
+    model = build_model(bridge, wrap_with_ddp=False)
+    load_hf_weights(bridge, model, hf_dir)
+    return bridge, model
+
+
+def test_grouped_experts_match_sequential_mlp(tiny_qwen3_moe: Path, megatron_world) -> None:
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from slime_like.trainer.megatron.grouped_experts import GroupedExperts
+    from slime_like.trainer.megatron.model import export_hf_weights
+
+    ref_bridge, ref = _model(tiny_qwen3_moe, grouped=False)
+    bridge, grouped = _model(tiny_qwen3_moe, grouped=True)
+    experts = [m for m in grouped[0].modules() if isinstance(m, SequentialMLP)]
+    assert experts and all(type(m) is GroupedExperts and m.grouped for m in experts)
+    assert not any(isinstance(m, GroupedExperts) for m in ref[0].modules())
+    ref_logits, ref_grads = logits_and_grads(ref[0], ref_bridge.hf_config.vocab_size)
+    logits, grads = logits_and_grads(grouped[0], bridge.hf_config.vocab_size)
+    ref_logprobs, logprobs = ref_logits.log_softmax(-1), logits.log_softmax(-1)
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-5, rtol=0)
+    assert list(grads) == list(ref_grads)  # SequentialMLP's parameter names: local_experts.{i}.linear_fc1.weight
+    assert any(".local_experts." in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], atol=1e-5 * ref_grads[name].abs().max().item(), rtol=0)
+    ref_export = dict(export_hf_weights(ref_bridge, ref))
+    export = dict(export_hf_weights(bridge, grouped))
+    assert list(export) == list(ref_export) and any(".experts.3." in n for n in export)
+    assert all(torch.equal(export[n], ref_export[n]) for n in export)
