@@ -72,6 +72,7 @@ class TrainActor:
             self.hooks.init(args)  # slime: after the parallel groups, before the model
         from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
         from slime_like.trainer.megatron.flags import model_config_overrides, mtp_engine_args
+        from slime_like.trainer.megatron.local_kernels_flags import local_kernels_from_args
         from slime_like.trainer.megatron.lora import lora_settings
         from slime_like.trainer.train_options import freeze_callback, trainable_filter
 
@@ -80,6 +81,10 @@ class TrainActor:
             "dtype": torch.bfloat16 if args.bf16 else torch.float32,
             # recompute, dropout and kernel flags (slime_like/trainer/megatron/flags.py) -> TransformerConfig
             **model_config_overrides(args, transformer_engine_available(), torch.cuda.is_available()),
+            # --local-fused-elementwise, --local-grouped-experts (slime_like/trainer/megatron/local_kernels_flags.py)
+            "local_kernels": local_kernels_from_args(
+                args, cuda=torch.cuda.is_available(), transformer_engine=transformer_engine_available()
+            ),
         }
         # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
         self.memory = TrainerOffload(args.offload_train, rebuild_groups=True)

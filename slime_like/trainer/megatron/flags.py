@@ -133,6 +133,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="optimizer steps per rollout: sets --global-batch-size to rollout-batch-size x n-samples-per-prompt / k",
     )
+    from slime_like.trainer.megatron.local_kernels_flags import add_local_kernel_arguments
+
+    add_local_kernel_arguments(parser)  # fused elementwise kernels and grouped experts without TE
 
 
 def validate_training_args(args: argparse.Namespace) -> None:
@@ -288,6 +291,9 @@ def no_effect_flags(args: argparse.Namespace, transformer_engine: bool, cuda: bo
         found += [f"--{f.replace('_', '-')}" for f in RECOMPUTE if getattr(args, f) is not None]
     if args.use_precision_aware_optimizer and not (transformer_engine and args.use_distributed_optimizer):
         found.append("--use-precision-aware-optimizer")
+    from slime_like.trainer.megatron.local_kernels_flags import no_effect_local_kernel_flags
+
+    found += no_effect_local_kernel_flags(args, transformer_engine)
     # Architecture switches of model_arguments.py that pick kernels, not shapes.
     found += [f for f in ("--moe-grouped-gemm", "--moe-permute-fusion") if getattr(args, _dest(f), False)]
     return found
