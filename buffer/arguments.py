@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from buffer.multimodal import parse_multimodal_keys
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +27,14 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "--tool-key",
         default=None,
         help="row key of the tools (a list, or JSON of one): in sample.metadata['tools'] and the chat template's",
+    )
+    g.add_argument(
+        "--multimodal-keys",
+        type=parse_multimodal_keys,
+        default=None,
+        help='slime\'s: JSON mapping a media type to the row key of its data, e.g. \'{"image": "images"}\'; each '
+        "<image> in the prompt becomes that row's next image (parquet image structs, bytes, paths, data: or http "
+        "URLs), rendered by the checkpoint's processor (buffer/multimodal.py)",
     )
     g.add_argument("--apply-chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--rollout-shuffle", action="store_true", help="shuffle prompts, a new order each epoch")
@@ -97,5 +108,17 @@ def dataset_size(args: argparse.Namespace) -> int:
         apply_chat_template=args.apply_chat_template and tokenizer is not None,
         max_prompt_len=args.rollout_max_prompt_len,
         skip_bad_rows=args.skip_bad_rows,
+        **multimodal_dataset_kwargs(args),
     )
     return len(dataset)
+
+
+def multimodal_dataset_kwargs(args: Any, keys: dict[str, str] | None = None) -> dict[str, Any]:
+    """PromptDataset's image arguments of a --multimodal-keys run (the keys, or `keys` such as an eval dataset's
+    own, and the checkpoint's processor); {} for a text run."""
+    keys = keys or getattr(args, "multimodal_keys", None)
+    if not keys:
+        return {}
+    from buffer.multimodal import load_processor
+
+    return {"multimodal_keys": parse_multimodal_keys(keys), "processor": load_processor(args.hf_checkpoint)}

@@ -27,6 +27,7 @@ class Prompt:
     label: Any
     metadata: dict[str, Any]
     prompt_tokens: int | None = None
+    images: list[Any] | None = None  # decoded RGB images of a --multimodal-keys row (buffer/multimodal.py)
 
 
 def _read_rows(path: Path) -> list[tuple[int, str | dict]]:
@@ -59,20 +60,32 @@ class PromptDataset:
         chat_template_kwargs: dict[str, Any] | None = None,
         max_prompt_len: int | None = None,
         skip_bad_rows: bool = False,
+        multimodal_keys: dict[str, str] | None = None,
+        processor: Any = None,
     ) -> None:
         self.path = Path(path)
+        self.multimodal_keys = multimodal_keys
+        self.processor = processor
+        if multimodal_keys and processor is None:
+            raise DataError("--multimodal-keys needs the checkpoint's processor (set --hf-checkpoint)")
         self.skipped: Counter[str] = Counter()
         self.prompts: list[Prompt] = []
         for line_no, raw in _read_rows(self.path):
             try:
                 prompt = self._parse(raw, line_no, input_key, label_key, metadata_key, tool_key)
+                if multimodal_keys:
+                    self._read_images(prompt, raw, line_no, apply_chat_template, chat_template_kwargs)
             except DataError as exc:
                 if not skip_bad_rows:
                     raise DataError(f"{exc} (pass --skip-bad-rows to skip such rows and count them)") from None
                 logger.warning("skipping %s", exc)
                 self.skipped["bad_row"] += 1
                 continue
-            if apply_chat_template:
+            if prompt.images is not None:
+                if max_prompt_len is not None and prompt.prompt_tokens > max_prompt_len:
+                    self.skipped["prompt_too_long"] += 1
+                    continue
+            elif apply_chat_template:
                 if tokenizer is None:
                     raise DataError("--apply-chat-template needs a tokenizer (set --hf-checkpoint)")
                 messages = prompt.prompt
@@ -82,7 +95,7 @@ class PromptDataset:
                 prompt.prompt = tokenizer.apply_chat_template(
                     messages, tools=tools, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
                 )
-            if tokenizer is not None and isinstance(prompt.prompt, str):
+            if prompt.images is None and tokenizer is not None and isinstance(prompt.prompt, str):
                 prompt.prompt_tokens = len(tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
                 if max_prompt_len is not None and prompt.prompt_tokens > max_prompt_len:
                     self.skipped["prompt_too_long"] += 1
@@ -128,6 +141,25 @@ class PromptDataset:
                 raise DataError(f"{where}: {tool_key!r} (--tool-key) must be a list of tools or JSON of one")
             metadata["tools"] = tools
         return Prompt(raw[input_key], raw.get(label_key) if label_key else None, metadata)
+
+    def _read_images(
+        self, prompt: Prompt, raw: str | dict, line_no: int, apply_chat_template: bool, template_kwargs: dict | None
+    ) -> None:
+        """A --multimodal-keys row: its images decoded, its prompt as chat messages with image parts (rendered to
+        text with --apply-chat-template, as slime), its token count from the processor (image tokens included)."""
+        from buffer import multimodal as mm
+
+        row = json.loads(raw) if isinstance(raw, str) else raw
+        try:
+            images = mm.row_images(row, self.multimodal_keys["image"], self.path.parent)
+            messages = mm.build_messages(prompt.prompt, images)
+            text = mm.render_text(self.processor, messages, template_kwargs)
+            ids, _ = mm.process(self.processor, text, images)
+        except (ValueError, OSError) as exc:  # ImageError, or the processor refusing an image (e.g. its shape)
+            raise DataError(f"{self.path}:{line_no}: {exc}") from None
+        prompt.prompt = text if apply_chat_template else messages
+        prompt.images = images
+        prompt.prompt_tokens = len(ids)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -177,6 +209,7 @@ class DataSource:
                 metadata=dict(prompt.metadata),
                 group_index=group_index,
                 index=group_index * self.n_samples_per_prompt + i,
+                **({"multimodal_inputs": {"images": list(prompt.images)}} if prompt.images is not None else {}),
             )
             for i in range(self.n_samples_per_prompt)
         ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from buffer.multimodal import parse_multimodal_keys
 from rollout.rm_types import REFUSED_RM_TYPES, RM_TYPE_ALIASES
 
 logger = logging.getLogger(__name__)
@@ -220,7 +221,10 @@ def check_config(config: EvalDatasetConfig, where: str, rm_types: tuple[str, ...
             raise ValueError(f"{where}: rm_type {config.rm_type!r} is not a built-in reward here (built in: "
                              f"{', '.join(rm_types)}); score it with custom_rm_path")  # fmt: skip
     if config.multimodal_keys:
-        raise ValueError(f"{where}: multimodal_keys: no multimodal inputs yet (as --multimodal-keys)")
+        try:
+            config.multimodal_keys = parse_multimodal_keys(config.multimodal_keys)
+        except ValueError as exc:
+            raise ValueError(f"{where}: multimodal_keys: {exc}") from None
     if config.n_samples_per_eval_prompt is not None and config.n_samples_per_eval_prompt < 1:
         raise ValueError(f"{where}: n_samples_per_eval_prompt must be at least 1")
     if config.min_eval_samples is not None and config.min_eval_samples <= 0:

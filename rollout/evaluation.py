@@ -8,6 +8,7 @@ import math
 import statistics
 from typing import Any
 
+from buffer.arguments import multimodal_dataset_kwargs
 from buffer.data_source import DataSource, PromptDataset
 from rollout.context import RolloutContext, running
 from rollout.eval_config import EvalDatasetConfig, dataset_configs
@@ -59,6 +60,7 @@ def load_eval_dataset(args: Any, config: EvalDatasetConfig, tokenizer: Any) -> P
         chat_template_kwargs=config.apply_chat_template_kwargs,
         max_prompt_len=_max_prompt_len(args),
         skip_bad_rows=args.skip_bad_rows,
+        **multimodal_dataset_kwargs(args, config.multimodal_keys),  # its own keys, else --multimodal-keys (slime)
     )
 
 

@@ -7,6 +7,7 @@ import logging
 import uuid
 from typing import Any
 
+from buffer import multimodal as mm
 from rollout import sglang_client as client
 from rollout.context import RolloutContext
 from rollout.pause import streams_versions
@@ -15,7 +16,14 @@ from slime_like.core.sample import ROUTED_EXPERTS_KEY, Sample, Status, decode_ro
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RolloutContext", "generate", "post_generate", "prompt_token_ids", "sampling_params_from_args"]
+__all__ = [
+    "RolloutContext",
+    "generate",
+    "post_generate",
+    "prompt_token_ids",
+    "sample_prompt_ids",
+    "sampling_params_from_args",
+]
 
 FINISH_STATUS = {"length": Status.TRUNCATED, "abort": Status.ABORTED}
 # A sample in one of these states is not generated again when its group comes back from the buffer.
@@ -49,6 +57,21 @@ def prompt_token_ids(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list
         # Rendered to text first: transformers 5 returns a BatchEncoding (not ids) from tokenize=True.
         prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def sample_prompt_ids(ctx: RolloutContext, sample: Sample) -> list[int]:
+    """A new sample's prompt ids: a text prompt's from the tokenizer (chat messages through its template); an image
+    sample's (multimodal_inputs) from the checkpoint's processor, each image's pad expanded to its tokens, which also
+    gives the sample its multimodal_train_inputs (the processor's tensors of those images) when it has none."""
+    images = mm.sample_images(sample)
+    if not images:
+        return prompt_token_ids(ctx.tokenizer, sample.prompt)
+    processor = mm.load_processor(ctx.args.hf_checkpoint)
+    kwargs = getattr(ctx.args, "apply_chat_template_kwargs", None)
+    ids, train_inputs = mm.prompt_inputs(processor, sample.prompt, images, kwargs)
+    if sample.multimodal_train_inputs is None:
+        sample.multimodal_train_inputs = train_inputs
+    return ids
 
 
 async def abort_rid(ctx: RolloutContext, rid: str) -> None:
@@ -171,6 +194,9 @@ async def call_model(ctx: RolloutContext, sample: Sample, params: dict[str, Any]
     rid = f"sample-{sample.index}-{uuid.uuid4().hex[:8]}"
     sample.metadata["rid"] = rid
     payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True, "rid": rid}
+    images = mm.sample_images(sample)
+    if images:  # every image of the sequence, in the order of its tokens (SGLang keeps the ids: sglang_vlm.py)
+        payload["image_data"] = [mm.image_data_url(image) for image in images]
     if sample.metadata.get(client.LORA_ADAPTER_KEY):  # multi-LoRA: the adapter this sample's prompt belongs to
         payload["lora_path"] = sample.metadata[client.LORA_ADAPTER_KEY]
     if streams_versions(ctx.args):  # weights may change under the request: learn each token's version
@@ -213,7 +239,7 @@ def take_routed_experts(args: Any, sample: Sample, out: dict[str, Any]) -> None:
 async def generate(ctx: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """Generate (or continue) one sample's response, recording tokens, log-probs, status and weight version."""
     if not sample.tokens:
-        sample.tokens = prompt_token_ids(ctx.tokenizer, sample.prompt)
+        sample.tokens = sample_prompt_ids(ctx, sample)
     params = dict(sampling_params)
     # A partially generated sample continues where it stopped, within the same length budget.
     params["max_new_tokens"] = sampling_params["max_new_tokens"] - sample.response_length

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from buffer.arguments import multimodal_dataset_kwargs
 from buffer.buffer import Buffer
 from buffer.data_source import DataSource, PromptDataset
 from buffer.group_rewards import RewardShaping
@@ -60,6 +61,7 @@ def load_dataset(args: Any, path: str, tokenizer: Any, evaluation: bool = False)
         chat_template_kwargs=getattr(args, "apply_chat_template_kwargs", None),
         max_prompt_len=_max_prompt_len(args, evaluation),
         skip_bad_rows=args.skip_bad_rows,
+        **multimodal_dataset_kwargs(args),  # --multimodal-keys: images and the processor (buffer/multimodal.py)
     )
 
 

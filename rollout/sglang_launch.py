@@ -28,7 +28,10 @@ per base model).
 Fourth, POST /slime_like/swap_lora_adapters (`add_lora_swap_route`) does in one request what a LoRA weight update did
 in five (pause, unload, load, version tag, continue): see `swap_lora_adapters`.
 
-The first three are AROUND hooks in SGLang's plugin registry (sglang.srt.plugins.hook_registry), which SGLang
+Fifth, for vision-language checkpoints: ids with expanded image pads go in as sent, and without CUDA the Qwen-VL
+multimodal processors import (rollout/sglang_vlm.py says why both are needed).
+
+The first three and the fifth are hooks in SGLang's plugin registry (sglang.srt.plugins.hook_registry), which SGLang
 applies in every one of its processes (load_plugins). They are registered when this module is imported, and every
 SGLang process has them: on GPU SGLang starts its scheduler and detokenizer with multiprocessing's spawn, which
 imports the parent's main module, this one, in each child before running it; on CPU they start by fork
@@ -103,7 +106,10 @@ def register_hooks() -> None:
     when torch has no accelerator (it pins fine elsewhere, and the memory probe runs `lscpu` on CPU only)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from rollout.sglang_vlm import register_vlm_hooks
+
     HookRegistry.register(MOE_GATED_MAP, moe_gated_map_once, HookType.AROUND)
+    register_vlm_hooks(torch.cuda.is_available())  # images with token-in; Qwen-VL processors on CPU (sglang_vlm.py)
     if torch.cuda.is_available():
         return
     HookRegistry.register(HOST_CACHE_INIT, unpinned_host_cache, HookType.AROUND)

@@ -66,6 +66,14 @@ def needs_remote_code(model_path: str | Path) -> bool:
         return False  # not a local checkpoint, or no readable config: SGLang's own checks say what is wrong
 
 
+def is_vision_language(model_path: str | Path) -> bool:
+    """Whether the checkpoint's config.json has a vision tower (`vision_config`: Qwen2.5-VL, Qwen3-VL, Qwen3.5)."""
+    try:
+        return "vision_config" in json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def cuda_available() -> bool:
     """Whether torch sees a CUDA device (imported lazily: torch is slow to import)."""
     import torch
@@ -145,8 +153,9 @@ class SGLangServer:
         on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")) == "cpu"
         env = {k: v for k, v in KEEP_ALIVE_ENV.items() if k not in os.environ}
         lora = any(flag in self.extra_args for flag in LORA_FLAGS)
-        # LoRA servers (any device) for the one-request adapter swap; on CPU R3 too, for the unpinning hooks.
-        hooked = lora or (on_cpu and ROUTED_EXPERTS_FLAG in self.extra_args)
+        # LoRA servers (any device) for the one-request adapter swap; on CPU R3 too, for the unpinning hooks;
+        # vision-language checkpoints for token-in with images (rollout/sglang_vlm.py).
+        hooked = lora or (on_cpu and ROUTED_EXPERTS_FLAG in self.extra_args) or is_vision_language(self.model_path)
         module = "rollout.sglang_launch" if hooked else "sglang.launch_server"
         if on_cpu:  # the key (if any) in the environment: a command line is world-readable on the node
             cmd = [sys.executable, "-c", LAUNCH_FORKED_ON_CPU, module]

@@ -101,11 +101,6 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     n = parser.add_argument_group("slime's rollout flags not supported here (each is an error naming why)")
     add_refused(
         n,
-        "--multimodal-keys",
-        "vision (multimodal) input is not supported yet: prompts are text or chat messages of text",
-    )
-    add_refused(
-        n,
         "--rollout-external-engine-addrs",
         "not implemented: the run starts and places its own engines (one Ray actor per engine node, registered "
         "with its router, guarded by the run's secret); discovering pre-launched SGLang servers (slime reads each "

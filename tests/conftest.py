@@ -64,3 +64,17 @@ def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3-MoE checkpoint (4 experts, top-2), untied like every released Qwen3-MoE (SGLang's
     Qwen3-MoE ignores tie_word_embeddings and would serve a random LM head)."""
     return _make_tiny(tmp_path_factory, "qwen3_moe", tie_word_embeddings=False)
+
+
+def make_tiny_vlm(tmp_path_factory: pytest.TempPathFactory, family: str) -> Path:
+    """A tiny random vision-language checkpoint with its processor (tools/make_tiny_vlm.py)."""
+    from tools.make_tiny_vlm import make_tiny_vlm as make
+    from tools.make_tiny_vlm import parse_args
+
+    return make(parse_args(["--out", str(tmp_path_factory.mktemp(f"tiny-{family}")), "--family", family]))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2.5-VL checkpoint and processor (one image: 4-16 tokens), made once per session."""
+    return make_tiny_vlm(tmp_path_factory, "qwen2_5_vl")

@@ -81,6 +81,11 @@ class Sample:
     teacher_log_probs: list[float] | None = field(default=None, kw_only=True)  # --use-opd: the teacher's, per token
     # R3 (--use-rollout-routing-replay): int32 [len(tokens) - 1, num_layers, topk] (decode_routed_experts).
     rollout_routed_experts: Any = field(default=None, kw_only=True)
+    # Vision-language rows (--multimodal-keys, buffer/multimodal.py; slime's fields): the images SGLang is sent with
+    # the tokens ({"images": [PIL images]}, in the order of their tokens), and the processor's tensors of those images
+    # the trainer feeds the vision tower ({"pixel_values": ..., "image_grid_thw": ...}; made at the first generate).
+    multimodal_inputs: dict[str, Any] | None = field(default=None, kw_only=True)
+    multimodal_train_inputs: dict[str, Any] | None = field(default=None, kw_only=True)
 
     @property
     def prompt_length(self) -> int:
@@ -121,6 +126,7 @@ class Sample:
         self.reward, self.loss_mask, self.rollout_log_probs = None, None, None
         self.status, self.weight_version, self.metadata = Status.PENDING, None, dict(metadata)
         self.version_spans, self.teacher_log_probs = [], None
+        self.multimodal_train_inputs = None  # made again from the images with the prompt's tokens
 
     def exclude_from_loss(self) -> None:
         """Train with loss mask 0; the sample keeps its place in its group's reward statistics."""

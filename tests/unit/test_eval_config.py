@@ -111,7 +111,7 @@ def test_every_field_is_accepted_and_resolved(
         ("    temperture: 0.6\n", "dataset 'a' sets 'temperture', which is not a field of slime's eval dataset"),
         ("    top_k: high\n", "'top_k' must be int, got str 'high'"),
         ("    rm_type: ifbench\n", "rm_type 'ifbench' is not supported here: "),
-        ("    multimodal_keys: {image: img}\n", "multimodal_keys: no multimodal inputs yet"),
+        ("    multimodal_keys: {video: clips}\n", "multimodal_keys: --multimodal-keys: ['video'] not supported"),
         ("    n_samples_per_eval_prompt: 0\n", "n_samples_per_eval_prompt must be at least 1"),
         ("    min_eval_samples: 0\n", "min_eval_samples must be positive"),
         ("    custom_rm_path: no_such_module.reward\n", "cannot import module 'no_such_module'"),

@@ -27,8 +27,8 @@ slime_finder.install()
 from slime.utils.types import Sample as SlimeSample  # noqa: E402
 
 SLIME_ONLY = {
-    "rollout_id", "remove_sample", "weight_versions", "multimodal_inputs", "multimodal_train_inputs",
-    "multimodal_train_input_id", "apply_chat_template_kwargs", "rollout_top_p_token_ids",
+    "rollout_id", "remove_sample", "weight_versions", "multimodal_train_input_id", "apply_chat_template_kwargs",
+    "rollout_top_p_token_ids",
     "rollout_top_p_token_offsets", "generate_function_path", "custom_rm_path", "train_metadata", "session_id",
     "non_generation_time", "spec_info", "prefix_cache_info",
 }  # fmt: skip

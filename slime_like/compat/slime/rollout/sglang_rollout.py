@@ -39,7 +39,7 @@ class GenerateState(metaclass=SingletonMeta):
     def __init__(self, args: Any) -> None:
         self._args = args
         self._tokenizer: Any = None
-        self.processor = None  # text only
+        self._processor: Any = None
         self.remaining_batch_size = 0
         self.pendings: set[asyncio.Task[Any]] = set()
         self.dp_counts = [0]
@@ -60,6 +60,19 @@ class GenerateState(metaclass=SingletonMeta):
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self._args.hf_checkpoint)
         return self._tokenizer
+
+    @property
+    def processor(self) -> Any:
+        """The checkpoint's multimodal processor for a --multimodal-keys run (slime's), None for a text run."""
+        if self._processor is None and getattr(self.args, "multimodal_keys", None):
+            from buffer.multimodal import load_processor
+
+            self._processor = load_processor(self.args.hf_checkpoint)
+        return self._processor
+
+    @processor.setter
+    def processor(self, value: Any) -> None:
+        self._processor = value
 
     @property
     def semaphore(self) -> asyncio.Semaphore:
@@ -119,7 +132,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     ctx = _context("generate")
     assert sample.status in (Status.PENDING, Status.ABORTED), f"sample {sample.index} is {sample.status}"
     if not sample.tokens:
-        sample.tokens = ours.prompt_token_ids(ctx.tokenizer, sample.prompt)
+        sample.tokens = ours.sample_prompt_ids(ctx, sample)  # an image sample's through the processor
     params = dict(sampling_params)
     params["max_new_tokens"] = sampling_params["max_new_tokens"] - sample.response_length
     context = getattr(ctx.args, "rollout_max_context_len", None)

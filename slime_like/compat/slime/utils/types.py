@@ -92,8 +92,7 @@ class Sample(CoreSample):
     # Trained with loss mask 0, still counted in group statistics (rollout/slime_contract.exclude_removed_samples).
     remove_sample: bool = field(default=False, kw_only=True)
     weight_versions: list[str] = field(default_factory=list, kw_only=True)
-    multimodal_inputs: dict[str, Any] | None = field(default=None, kw_only=True)
-    multimodal_train_inputs: dict[str, Any] | None = field(default=None, kw_only=True)
+    # multimodal_inputs and multimodal_train_inputs are our Sample's (slime_like/core/sample.py).
     multimodal_train_input_id: str | None = field(default=None, kw_only=True)
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict, kw_only=True)
     rollout_top_p_token_ids: Any = field(default=None, kw_only=True)
