@@ -122,6 +122,9 @@ class RolloutManager:
         threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
         if server_urls is not None:
             self.fleet.attach(server_urls, router_url)
+            if getattr(args, "rollout_external_engine_addrs", None):  # the run's policy engines, as if started here
+                self.fleet.set_weight_version(0)
+                expose_routers(args, self.fleets)
         elif not args.debug_train_only:  # --debug-train-only replays saved rollouts: no servers
             start_fleets(planned, use_gpu, env or {})
             expose_routers(args, self.fleets)

@@ -79,6 +79,15 @@ def get(url: str, path: str, timeout: float = 10.0) -> Any:
     return _answer(resp, f"{url}{path}")
 
 
+def health_problem(url: str, timeout: float = 10.0) -> str | None:
+    """Why GET /health fails (the connection error or the status), None when it answers 200; /health needs no key."""
+    try:
+        resp = requests.get(f"{url}/health", timeout=timeout)
+    except requests.RequestException as exc:
+        return f"{exc.__class__.__name__}: {exc}"
+    return None if resp.status_code == 200 else f"HTTP {resp.status_code}"
+
+
 def health_generate(url: str, timeout: float) -> None:
     """GET /health_generate: the server generates a token (or is already generating); EngineError if it does not
     answer 200 within `timeout`."""

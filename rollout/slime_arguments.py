@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from rollout.external_engines import add_external_engine_arguments, validate_external_engine_args
 from slime_like.core.refused import add_refused
 
 # slime flags that slime itself reads nowhere (or only as a transport choice that changes no result): accepted and
@@ -89,6 +90,7 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, help="a setting of slime's rollout-buffer plugin: needs --rollout-function-path", **kwargs)
     for flag, kwargs, why in ROLLOUT_NO_EFFECT:
         g.add_argument(flag, help=f"accepted without effect: {why}", **kwargs)
+    add_external_engine_arguments(g)  # --rollout-external-engine-addrs (rollout/external_engines.py)
     e = parser.add_argument_group("eval (slime's per-dataset defaults)")
     e.add_argument("--eval-max-prompt-len", type=int, default=None, help="eval prompts longer are skipped "
                    "(default --rollout-max-prompt-len)")  # fmt: skip
@@ -99,14 +101,6 @@ def add_slime_rollout_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default --reward-key)")  # fmt: skip
     e.add_argument("--eval-tool-key", default=None, help="row key of the eval datasets' tools (default --tool-key)")
     n = parser.add_argument_group("slime's rollout flags not supported here (each is an error naming why)")
-    add_refused(
-        n,
-        "--rollout-external-engine-addrs",
-        "not implemented: the run starts and places its own engines (one Ray actor per engine node, registered "
-        "with its router, guarded by the run's secret); discovering pre-launched SGLang servers (slime reads each "
-        "one's /get_server_info for its GPUs and parallel sizes), taking their GPUs out of the placement and "
-        "sending them weight updates from outside the run's Ray placement are missing",
-    )
     add_refused(
         n,
         "--load-forge-rollout-data",
@@ -136,6 +130,7 @@ def validate_slime_rollout_args(args: argparse.Namespace) -> None:
         )
     if args.apply_chat_template_kwargs and not args.apply_chat_template:
         raise ArgumentError("--apply-chat-template-kwargs are for the chat template: add --apply-chat-template")
+    validate_external_engine_args(args)
 
 
 def eval_reward_key(args: Any) -> str | None:

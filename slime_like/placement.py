@@ -235,14 +235,16 @@ def create_placement(args: Any) -> Placement:
     else:
         # Trainer ranks first, so they pack onto their own nodes; the engines take the next free slots.
         trainer = _reserve(args.world_size, bundle, "trainer ranks")
-        rollout = _reserve(args.rollout_num_gpus, bundle, "engines")
+        # --rollout-external-engine-addrs: the servers run outside the run, on devices it does not reserve (as slime)
+        external = bool(getattr(args, "rollout_external_engine_addrs", None))
+        rollout = None if external else _reserve(args.rollout_num_gpus, bundle, "engines")
         placement = Placement(
             sorted_slots(trainer, use_gpu),
-            sorted_slots(rollout, use_gpu),
+            [] if rollout is None else sorted_slots(rollout, use_gpu),
             False,
             use_gpu,
             env,
             driver_node,
-            [trainer, rollout],
+            [trainer] if rollout is None else [trainer, rollout],
         )
     return placement

@@ -12,6 +12,7 @@ from typing import Any
 
 import ray
 
+from rollout.external_engines import attach_external_engines
 from rollout.manager import RolloutManager
 from rollout.train_handoff import RolloutResult, TrainLayout
 from slime_like.actor_group import WATCH_INTERVAL, TrainGroup
@@ -38,6 +39,8 @@ class Run:
             logger.warning(warning)
         start = time.monotonic()
         start_ray(args)
+        # --rollout-external-engine-addrs: servers started elsewhere, checked now (rollout/external_engines.py)
+        external = attach_external_engines(args)
         self.placement = placement = create_placement(args)
         self.use_gpu = placement.use_gpu
         self._check_tensor_transport()
@@ -49,7 +52,7 @@ class Run:
         # Engines start while the trainer builds its model: both are slow, neither needs the other. The manager
         # and the router stay on the driver's node.
         manager = ray.remote(RolloutManager).options(**node_options(placement.driver_node, placement.env))
-        self.rollout = manager.remote(args, placement.rollout, placement.use_gpu, placement.env)
+        self.rollout = manager.remote(args, placement.rollout, placement.use_gpu, placement.env, server_urls=external)
         self.trainer: TrainGroup | None = None
         try:
             self._start(args, start)
@@ -88,6 +91,10 @@ class Run:
             worst = self.trainer.check_weights(self.server_urls, "before the first rollout")
             logger.info("before the first rollout: the servers match the trainer within %.2g", worst)
         self._offload_trainer()  # before the first rollout (a resume has already offloaded after its update)
+        # --release-train: the ranks end after each weight update and are rebuilt from the newest checkpoint (slime's
+        # release/create); the first rollout runs beside the ranks that just built the model (nothing saved yet).
+        self.release_train = bool(getattr(args, "release_train", False)) and self.trainer is not None
+        self.last_save: Path | None = None
 
     @property
     def has_both_sides(self) -> bool:
@@ -180,6 +187,8 @@ class Run:
                 f"rollout {rollout_id}: {result.failure}. Generation errors point at the engines or the router "
                 "(their logs under --output-dir), reward errors at the reward function (--rm-type, --custom-rm-path)."
             )
+        if self.release_train and self.trainer is None:
+            metrics["time/rebuild_trainer"] = self._rebuild_trainer()
         if self.trainer is None:  # --debug-rollout-only
             return metrics
         # Colocated on GPU the servers give their memory to training (on CPU the calls free nothing).
@@ -211,10 +220,34 @@ class Run:
             ray.get(self.rollout.rejoin_engines.remote())
         self.weights_pushed = True
         self._offload_trainer()
+        if getattr(self, "release_train", False) and self.last_save is not None:
+            self._release_trainer()
         return seconds
+
+    def _release_trainer(self) -> None:
+        """--release-train: every trainer rank leaves its groups and its process ends, its memory with it."""
+        pids = self.trainer.pids()
+        self.trainer.shutdown()
+        self.trainer.kill()
+        self.trainer = None
+        logger.info("--release-train: trainer ranks released (pids %s) until the next train", pids)
+
+    def _rebuild_trainer(self) -> float:
+        """--release-train: new trainer ranks on the same slots, loaded from the newest checkpoint (model, optimizer
+        unless --no-save-optim, RNG); with --check-weight-update, checked against the servers' weights."""
+        start = time.monotonic()
+        self.trainer = TrainGroup(self.args, self.placement)
+        self.trainer.load(str(self.last_save), not self.args.no_save_optim, True)
+        logger.info("--release-train: trainer ranks rebuilt (pids %s) from %s", self.trainer.pids(), self.last_save)
+        if self.args.check_weight_update:
+            worst = self.trainer.check_weights(self.server_urls, "after rebuilding the trainer")
+            logger.info("after rebuilding the trainer: the servers match it within %.2g", worst)
+        return time.monotonic() - start
 
     def weights_due(self, rollout_id: int) -> bool:
         """--update-weights-interval N: whether the weights trained at rollout_id go to the servers now."""
+        if getattr(self, "release_train", False):  # slime: the released trainer's weights go out every rollout
+            return True
         return (rollout_id + 1) % getattr(self.args, "update_weights_interval", 1) == 0
 
     def _recover_engines(self) -> None:
@@ -255,6 +288,7 @@ class Run:
             return
         if (rollout_id + 1) % interval and rollout_id + 1 != self.args.num_rollout:
             return
+        self.last_save = layout.iteration_dir(self.args.save, rollout_id)  # --release-train rebuilds from it
         with layout.saving(self.args.save, rollout_id, self.args.keep_last_n_checkpoints) as directory:
             self.trainer.save(str(directory), rollout_id)
             layout.write_state(directory, rollout_id, ray.get(self.rollout.state_dict.remote()))

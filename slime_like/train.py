@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from slime_like.arguments import parse_args
@@ -15,6 +16,11 @@ def main(argv: list[str] | None = None) -> None:
     from slime_like.run import Run
 
     with Run(args) as run:
+        if args.keep_old_actor:  # slime's queue is made for the one-step-ahead loop (slime_like/trainer/old_actor.py)
+            logging.getLogger(__name__).warning(
+                "--keep-old-actor in the synchronous loop: as in slime, each rollout's old log-probs come from the "
+                "weights one update older than the ones that generated it (train_async is the loop it fits)"
+            )
         for rollout_id in range(run.start_rollout, args.num_rollout):
             start = time.monotonic()
             metrics = run.evaluate(rollout_id)

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import time
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,12 @@ class TrainActor:
             if getattr(args, "use_opd", False) and args.opd_type == "megatron":
                 step = getattr(args, "opd_teacher_ckpt_step", None)
                 self.teacher_weights = self._checkpoint_weights(args.opd_teacher_load, "--opd-teacher-load", step)
+            # --keep-old-actor: the weights that generated each rollout score its old-policy log-probs (old_actor.py).
+            self.old_actor = None
+            if getattr(args, "keep_old_actor", False):
+                from slime_like.trainer.old_actor import OldActor
+
+                self.old_actor = OldActor(self._live, args.update_weights_interval)
             if self.memory.enabled:  # Adam's moments would otherwise appear at the first step, outside the region
                 for engine in (self.engine, self.critic):
                     if engine is not None:
@@ -175,9 +182,11 @@ class TrainActor:
         return weights
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {
-            k: v.detach().clone() for m in self.engine.model for k, v in m.state_dict().items() if torch.is_tensor(v)
-        }
+        return {k: v.detach().clone() for k, v in self._live().items()}
+
+    def _live(self) -> dict[str, torch.Tensor]:
+        """The policy's own weight tensors by name (writing into them changes the model)."""
+        return {k: v for m in self.engine.model for k, v in m.state_dict().items() if torch.is_tensor(v)}
 
     def _forward_with_weights(self, weights: dict[str, torch.Tensor], tokens: list[list[int]]) -> list[torch.Tensor]:
         """Log-probs of this rank's share under other weights (the reference), then put the current ones back."""
@@ -290,7 +299,8 @@ class TrainActor:
         # --use-routing-replay records the old-policy forward's and replays them in training. Ref and critic route.
         routing = self._rollout_routing(share) if getattr(args, "use_rollout_routing_replay", False) else None
         self._before_log_prob("")
-        old_full, entropy, routing = old_policy_forward(self.engine, args, data.tokens, routing)
+        with self.old_actor.swapped_in() if self.old_actor is not None else nullcontext():  # --keep-old-actor
+            old_full, entropy, routing = old_policy_forward(self.engine, args, data.tokens, routing)
         old_lp = _response(old_full, lengths)
         ref_lp = None
         if self.ref_weights is not None:
@@ -354,6 +364,8 @@ class TrainActor:
         if self.lora_slots is not None:  # multi-LoRA: the adapters that changed since the servers got them
             export = partial(self.lora_slots.export, sorted(self.lora_slots.changed))
         used = self.transport.update(export, version, mode)
+        if self.old_actor is not None:  # --keep-old-actor: slime's queue moves on with each update
+            self.old_actor.rotate()
         if self.lora_slots is not None:
             self.lora_slots.changed.clear()
         if self.args.check_weight_update:  # the engines the update reached: the fleet took out any that died
@@ -440,6 +452,8 @@ class TrainActor:
         from slime_like.trainer.megatron.checkpoint_layout import CRITIC_DIR
 
         self.engine.load_checkpoint(directory, load_optimizer, load_rng)
+        if self.old_actor is not None:  # as slime, the kept copies start as the loaded weights
+            self.old_actor.reset()
         if self.lora_slots is not None:  # multi-LoRA: every adapter with its own optimizer state (lora_slots.py)
             self.lora_slots.load(directory, load_optimizer)
         if self.critic is None:

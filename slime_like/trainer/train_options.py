@@ -33,19 +33,6 @@ REFUSED: tuple[tuple[str, str], ...] = (
     ("--ci-save-grad-norm", CI),
     ("--ci-load-grad-norm", CI),
     ("--ci-train-rollout-logprob-abs-diff-threshold", CI),
-    (
-        "--keep-old-actor",
-        "not implemented: slime keeps the weights that generated each rollout on the trainer (its old_actor / "
-        "rollout_actor copies, rotated at every weight update) and takes the old-policy log-probs from them; here "
-        "they come from the trainer's weights at the start of the rollout's steps (in train_async one update ahead "
-        "of the generating ones), or from SGLang with --use-rollout-logprobs; --use-tis/--use-mis weigh the gap",
-    ),
-    (
-        "--release-train",
-        "not implemented: slime kills the trainer's Megatron actors during each rollout and rebuilds them from "
-        "--save (with --update-weight-transport disk); here trainer ranks live for the whole run, and with "
-        "--colocate on GPU --offload-train frees their GPU memory during rollouts instead",
-    ),
 )
 
 
@@ -97,6 +84,20 @@ def add_train_option_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Adam keeps no moments: each step is Adam's first step from zero moments, lr * g / (|g| + eps) plus "
         "decoupled weight decay, as slime (needs --optimizer adam and --no-save-optim)",
+    )
+    g.add_argument(
+        "--keep-old-actor",
+        action="store_true",
+        help="keep the weights that generated each rollout on the trainer (slime's old_actor/rollout_actor, rotated "
+        "at every weight update) and take the old policy's log-probs from them: for train_async, whose rollouts "
+        "come from the weights one update older (slime_like/trainer/old_actor.py)",
+    )
+    g.add_argument(
+        "--release-train",
+        action="store_true",
+        help="end the trainer ranks' processes after each weight update and rebuild them from the newest --save "
+        "checkpoint before the next train, as slime (needs --save and --update-weight-transport disk; saves every "
+        "rollout): no trainer memory is held while the engines generate",
     )
     g.add_argument(
         "--use-rollout-entropy",
@@ -159,8 +160,33 @@ def validate_train_options(args: argparse.Namespace) -> None:
         if offload:
             raise ArgumentError(f"--use-stateless-adam with --{offload[0].replace('_', '-')}: not supported here "
                                 "(that optimizer is not a plain Adam to replace; slime patches it)")  # fmt: skip
+    if args.release_train:
+        validate_release_train(args)
     if args.distributed_timeout_minutes < 1:
         raise ArgumentError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be >= 1")
+
+
+def validate_release_train(args: argparse.Namespace) -> None:
+    """--release-train's needs, as slime checks them (slime/utils/arguments.py), and why."""
+    from slime_like.core.errors import ArgumentError
+
+    if not args.save:
+        raise ArgumentError("--release-train rebuilds the trainer from its checkpoint after each rollout: add --save")
+    if args.update_weight_transport != "disk" or args.update_weight_mode != "full":
+        raise ArgumentError("--release-train needs --update-weight-transport disk (and --update-weight-mode full), "
+                            "as slime: the engines reload the weights the released trainer wrote")  # fmt: skip
+    clashes = [
+        ("--keep-old-actor", args.keep_old_actor, "the kept weights would die with the ranks (slime refuses it too)"),
+        ("a PPO critic", args.advantage_estimator == "ppo", "slime does not support it either"),
+        ("--fully-async", args.fully_async, "generation never stops, so the trainer has no rollout to step out of"),
+    ]
+    for what, given, why in clashes:
+        if given:
+            raise ArgumentError(f"--release-train with {what}: not supported, {why}")
+    args.save_interval = 1  # slime saves every rollout: the next ranks load it
+    if args.offload_train:  # nothing to offload: the ranks are gone during rollouts
+        args.start_warnings.append("--release-train: --offload-train is off (the trainer's processes end instead)")
+        args.offload_train = False
 
 
 def trainable_filter(args: Any) -> Callable[[str], bool] | None:
