@@ -2,7 +2,8 @@
 
 A tiny random Qwen2.5-VL (fp32, written here with transformers) against Qwen2_5_VLForConditionalGeneration: packed
 log-probs of two sequences with different images within 1e-5; the 3-D rope positions equal get_rope_index's; a train
-step reaches the vision tower unless --freeze-params-name-list freezes it; HF -> torch_dist -> HF is bit-exact.
+step reaches the vision tower unless --freeze-params-name-list freezes it; HF -> torch_dist -> HF is bit-exact; TP=2
+and DP=2 (and PP=2: vlm_worker.py) give the single process's log-probs and trained weights.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from buffer.train_data import TrainData
 from tests.megatron.common import torch_dist_to_hf_round_trip
+from tests.megatron.launch import torchrun
 from tests.megatron.test_families import safetensors_of
 
 IMAGE, VIDEO, START, END = 250, 251, 252, 253  # special token ids of the tiny config
@@ -101,14 +103,23 @@ def _hf_logprobs(hf_dir: Path) -> list[torch.Tensor]:
     return out
 
 
-def _engine(hf_dir: Path, freeze: bool = False):
+def _engine(hf_dir: Path, freeze: bool = False, sgd: bool = False):
     from slime_like.trainer.megatron.engine import MegatronTrainEngine
     from slime_like.trainer.megatron.optimizer import OptimizerSettings
     from slime_like.trainer.train_options import freeze_callback, trainable_filter
 
     trains = trainable_filter(SimpleNamespace(freeze_params_name_list=["visual"])) if freeze else None
+    # SGD with lr 1 and no clipping: the weights move by the gradient (Adam's first step is its sign).
+    settings = (
+        OptimizerSettings(lr=1.0, optimizer="sgd", sgd_momentum=0.0, clip_grad=0.0, use_distributed_optimizer=False)
+        if sgd
+        else None
+    )
     return MegatronTrainEngine(
-        hf_dir, OptimizerSettings(lr=1e-2), freeze=trains and freeze_callback(trains), max_tokens_per_micro_batch=4096
+        hf_dir,
+        settings or OptimizerSettings(lr=1e-2),
+        freeze=trains and freeze_callback(trains),
+        max_tokens_per_micro_batch=4096,
     )
 
 
@@ -195,3 +206,28 @@ def test_export_and_torch_dist_round_trip_are_bit_exact(tiny_qwen2_5_vl, megatro
     engine.train_step(data.tokens, data, _sum_logprob_loss)
     converted = torch_dist_to_hf_round_trip(engine, tiny_qwen2_5_vl, tmp_path)
     assert not torch.equal(converted["visual.patch_embed.proj.weight"], original["visual.patch_embed.proj.weight"])
+
+
+def vlm_train_run(hf_dir: str | Path) -> dict:
+    """After init_parallel: the packed log-probs of SAMPLES, then one train step on them and the HF weights."""
+    engine = _engine(Path(hf_dir), sgd=True)
+    logprobs = engine.forward_logprobs([t for t, _ in SAMPLES], multimodal=[m for _, m in SAMPLES])
+    data = _train_data()
+    metrics = engine.train_step(data.tokens, data, _sum_logprob_loss)
+    return {"logprobs": logprobs, "metrics": metrics, "weights": {n: t.clone() for n, t in engine.export_hf_weights()}}
+
+
+def test_tp_dp_match_one_process(tiny_qwen2_5_vl, megatron_world, tmp_path):
+    out = tmp_path / "vlm.pt"
+    # PP=2 passes too (vlm_worker.py's default runs it); CI runs TP=2 and DP=2 to keep within its time.
+    torchrun(Path(__file__).with_name("vlm_worker.py"), [str(out), str(tiny_qwen2_5_vl), "tp2,dp2"], timeout=240)
+    runs = torch.load(out)
+    single = vlm_train_run(tiny_qwen2_5_vl)
+    expected = _hf_logprobs(tiny_qwen2_5_vl)
+    for layout, run in runs.items():
+        for ours, theirs in zip(run["logprobs"], expected, strict=True):
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0, msg=layout)
+        assert sorted(run["weights"]) == sorted(single["weights"]), layout
+        for name, tensor in single["weights"].items():
+            torch.testing.assert_close(run["weights"][name], tensor, atol=2e-6, rtol=0, msg=f"{layout}: {name}")
+        assert run["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-6), layout
