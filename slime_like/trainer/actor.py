@@ -188,12 +188,14 @@ class TrainActor:
         """The policy's own weight tensors by name (writing into them changes the model)."""
         return {k: v for m in self.engine.model for k, v in m.state_dict().items() if torch.is_tensor(v)}
 
-    def _forward_with_weights(self, weights: dict[str, torch.Tensor], tokens: list[list[int]]) -> list[torch.Tensor]:
+    def _forward_with_weights(self, weights: dict[str, torch.Tensor], data: TrainData) -> list[torch.Tensor]:
         """Log-probs of this rank's share under other weights (the reference), then put the current ones back."""
         current = self._snapshot()
         self._load_weights(weights)
         try:
-            return self.engine.forward_logprobs(tokens, local=True)
+            return self.engine.forward_logprobs(
+                data.tokens, local=True, multimodal=data.multimodal_train_inputs or None
+            )
         finally:
             self._load_weights(current)
 
@@ -300,15 +302,19 @@ class TrainActor:
         routing = self._rollout_routing(share) if getattr(args, "use_rollout_routing_replay", False) else None
         self._before_log_prob("")
         with self.old_actor.swapped_in() if self.old_actor is not None else nullcontext():  # --keep-old-actor
-            old_full, entropy, routing = old_policy_forward(self.engine, args, data.tokens, routing)
+            images = data.multimodal_train_inputs or None  # a vision-language batch's images, per sample
+            old_full, entropy, routing = old_policy_forward(self.engine, args, data.tokens, routing, images)
         old_lp = _response(old_full, lengths)
         ref_lp = None
         if self.ref_weights is not None:
             self._before_log_prob("ref_")
-            ref_lp = _response(self._forward_with_weights(self.ref_weights, data.tokens), lengths)
+            ref_lp = _response(self._forward_with_weights(self.ref_weights, data), lengths)
         values = None
         if self.critic is not None:
-            values = _response(self.critic.forward_values(data.tokens, local=True), lengths)
+            values = _response(
+                self.critic.forward_values(data.tokens, local=True, multimodal=data.multimodal_train_inputs or None),
+                lengths,
+            )
         teacher = self._teacher_log_probs(share) if args.use_opd else None
         return Forwards(old_lp, ref_lp, values, teacher, entropy and _response(entropy, lengths)), routing
 
@@ -318,7 +324,7 @@ class TrainActor:
         if self.teacher_weights is not None:
             data = share.data
             self._before_log_prob("teacher_")
-            return _response(self._forward_with_weights(self.teacher_weights, data.tokens), data.response_lengths)
+            return _response(self._forward_with_weights(self.teacher_weights, data), data.response_lengths)
         hint = (
             "with --opd-type sglang, use --custom-rm-path slime.rollout.on_policy_distillation.reward_func with the "
             "teacher's /generate URL as --rm-url"
