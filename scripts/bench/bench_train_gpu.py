@@ -3,6 +3,7 @@
     python scripts/bench/bench_train_gpu.py                          # Qwen3-0.6B-shaped dense + a ~1B Qwen3-MoE
     python scripts/bench/bench_train_gpu.py --models dense --seq-len 4096 --seqs-per-step 16
     python scripts/bench/bench_train_gpu.py --tiny                   # tiny sizes: runs anywhere, CPU included
+    python scripts/bench/bench_train_gpu.py --fused-elementwise off on --grouped-experts off on  # a row per path
 
 Prints figures, asserts nothing. Each model is written locally as an HF checkpoint with random weights
 (transformers, no download), loaded into one MegatronTrainEngine (a world of one), and trained with the
@@ -27,6 +28,10 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slime_like.trainer.megatron.local_kernels_flags import LocalKernels
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,6 +103,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --tiny 1)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s of the device (default: by name)")
+    # Without TE (local_kernels_flags.py); several values run each model once per combination, a table row each.
+    p.add_argument(
+        "--fused-elementwise",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "on", "off"],
+        help="RMSNorm, RoPE, SwiGLU fused by torch.compile (--local-fused-elementwise)",
+    )
+    p.add_argument(
+        "--grouped-experts",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "on", "off"],
+        help="MoE experts as torch grouped GEMMs (--local-grouped-experts)",
+    )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--workdir", default=None, help="where the HF checkpoints are written (default: a temp dir)")
     args = p.parse_args(argv)
@@ -160,17 +180,31 @@ def peak_flops(override_tflops: float | None) -> tuple[str, float | None]:
     return name, None
 
 
-def bench_model(shape: ModelShape, hf_dir: Path, args: argparse.Namespace, peak: float | None) -> dict:
-    """Build the engine, run warm-up and timed train steps, return the figures."""
+def bench_model(
+    shape: ModelShape,
+    hf_dir: Path,
+    args: argparse.Namespace,
+    peak: float | None,
+    paths: tuple[str, str] = ("auto", "auto"),
+) -> dict:
+    """Build the engine, run warm-up and timed train steps, return the figures; paths: the local spec's
+    (--fused-elementwise, --grouped-experts) values."""
     import torch
 
+    from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
     from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.local_kernels_flags import choose_local_kernels
     from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    kernels = choose_local_kernels(*paths, cuda=cuda, transformer_engine=transformer_engine_available())
     engine = MegatronTrainEngine(
-        hf_dir, OptimizerSettings(lr=1e-5), max_tokens_per_micro_batch=args.max_tokens_per_micro_batch, dtype=dtype
+        hf_dir,
+        OptimizerSettings(lr=1e-5),
+        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
+        dtype=dtype,
+        local_kernels=kernels,
     )
     megatron_params = sum(p.numel() for chunk in engine.model for p in chunk.parameters())
     g = torch.Generator().manual_seed(0)
@@ -209,12 +243,21 @@ def bench_model(shape: ModelShape, hf_dir: Path, args: argparse.Namespace, peak:
         "model_tflops": model_flops / 1e12,
         "mfu": None if peak is None else model_flops / peak,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 1024**3 if cuda else None,
+        "paths": paths_label(engine.transformer_engine, kernels),
     }
     del engine
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def paths_label(transformer_engine: bool, kernels: LocalKernels) -> str:
+    """The elementwise and expert paths a run used: TE's, or the local spec's with or without the faster ones."""
+    if transformer_engine:
+        return "transformer-engine"
+    fused, grouped = ("on" if flag else "off" for flag in (kernels.fused_elementwise, kernels.grouped_experts))
+    return f"fused:{fused} grouped:{grouped}"
 
 
 def _count(n: float) -> str:
@@ -229,14 +272,15 @@ def report(device: str, peak: float | None, args: argparse.Namespace, results: l
         f"micro-batches of <= {args.max_tokens_per_micro_batch} tokens; median of {args.steps} steps after "
         f"{args.warmup} warm-up",
         f"{'model':<20} {'params':>9} {'active':>9} {'step s':>9} {'tokens/s':>11} {'model TFLOP/s':>14} "
-        f"{'MFU':>7} {'peak mem GiB':>13}",
+        f"{'MFU':>7} {'peak mem GiB':>13}  paths",
     ]
     for r in results:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}"
         lines.append(
             f"{r['model']:<20} {_count(r['params']):>9} {_count(r['active_params']):>9} "
-            f"{r['step_s_median']:>9.3f} {r['tokens_per_s']:>11.1f} {r['model_tflops']:>14.4f} {mfu:>7} {mem:>13}"
+            f"{r['step_s_median']:>9.3f} {r['tokens_per_s']:>11.1f} {r['model_tflops']:>14.4f} {mfu:>7} {mem:>13}  "
+            f"{r['paths']}"
         )
     for r in results:
         if r["params"] != r["params_megatron"]:
@@ -256,10 +300,13 @@ def main(argv: list[str] | None = None) -> None:
     shapes = {"dense": TINY_DENSE if args.tiny else DENSE, "moe": TINY_MOE if args.tiny else MOE}
     results = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        for key in args.models:
+        combinations = [(f, g) for f in args.fused_elementwise for g in args.grouped_experts]
+        for key, paths in [(key, paths) for key in args.models for paths in combinations]:
             shape = shapes[key]
-            hf_dir = write_checkpoint(shape, Path(work) / shape.name, max(4096, args.seq_len))
-            results.append(bench_model(shape, hf_dir, args, peak))
+            hf_dir = Path(work) / shape.name
+            if not hf_dir.exists():  # once per model, whatever the number of path combinations
+                write_checkpoint(shape, hf_dir, max(4096, args.seq_len))
+            results.append(bench_model(shape, hf_dir, args, peak, paths))
             print(f"{shape.name}: {results[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
     print(report(device, peak, args, results), flush=True)
     if args.json:
