@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if problems:
         parser.error("the model flags contradict the HF config of --hf-checkpoint:\n  " + "\n  ".join(problems))
     plan = make_plan(args, config)  # the planner reads the language model's part (core.hf_config.hf_field)
-    family = family_problem(args.hf_checkpoint, config)
+    family = family_problem(args.hf_checkpoint, config, bool(getattr(args, "multimodal_keys", None)))
     if family:
         parser.error(family)
     for line in args.start_warnings:
@@ -223,9 +223,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def family_problem(hf_checkpoint: str, config: Any) -> str | None:
-    """Why the trainer cannot build this checkpoint's model (no registered model family), or None if it can."""
-    from slime_like.trainer.megatron.families import family_of  # the table only: no bridge (no Megatron) imported
+def family_problem(hf_checkpoint: str, config: Any, images: bool = False) -> str | None:
+    """Why the trainer cannot build this checkpoint's model (no registered model family; with `images`
+    (--multimodal-keys), no vision tower built for it), or None if it can."""
+    from slime_like.trainer.megatron.families import family_of, vision_problem  # the table only: no Megatron
+
+    if images and (problem := vision_problem(config)):
+        return f"--multimodal-keys with --hf-checkpoint {hf_checkpoint}: {problem}"
 
     try:
         family_of(config)

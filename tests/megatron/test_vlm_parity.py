@@ -231,3 +231,17 @@ def test_tp_dp_match_one_process(tiny_qwen2_5_vl, megatron_world, tmp_path):
         for name, tensor in single["weights"].items():
             torch.testing.assert_close(run["weights"][name], tensor, atol=2e-6, rtol=0, msg=f"{layout}: {name}")
         assert run["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-6), layout
+
+
+def test_vision_paths_not_built_are_named_at_start() -> None:
+    from transformers import AutoConfig, Qwen3_5Config
+
+    from slime_like.arguments import family_problem
+
+    qwen3_vl = AutoConfig.for_model("qwen3_vl")
+    assert "vision path is not built yet" in family_problem("/ckpt", qwen3_vl)
+    qwen3_5 = Qwen3_5Config()
+    assert family_problem("/ckpt", qwen3_5) is None  # its text model trains
+    problem = family_problem("/ckpt", qwen3_5, images=True)
+    assert problem.startswith("--multimodal-keys with --hf-checkpoint /ckpt: model_type 'qwen3_5': its vision tower")
+    assert family_problem("/ckpt", AutoConfig.for_model("qwen2_5_vl"), images=True) is None

@@ -275,9 +275,44 @@ _TE_EXPERT = re.compile(r"(?<=\.experts\.linear_fc[12]\.weight)(\d+)$")
 _VISION_BLOCK = re.compile(r"(?<=^visual\.blocks\.)(\d+)(?=\.)|(?<=^model\.visual\.blocks\.)(\d+)(?=\.)")
 
 
+# Vision-language families whose vision path the trainer does not build yet (vision_language.py builds Qwen2.5-VL's).
+VISION_NOT_BUILT = {
+    "qwen3_vl": "Qwen3-VL",
+    "qwen3_vl_moe": "Qwen3-VL-MoE",
+    "qwen2_vl": "Qwen2-VL",
+    "glm4v": "GLM-4.1V",
+    "glm4v_moe": "GLM-4.5V",
+}
+# Registered families whose checkpoints hold a vision tower the trainer leaves out (it trains their text model).
+TEXT_ONLY_OF_VL = ("qwen3_5", "qwen3_5_moe")
+VISION_BUILT = ("qwen2_5_vl",)
+
+
+def vision_problem(hf_config: Any) -> str | None:
+    """Why images cannot train this checkpoint's model (its vision tower is not built), or None if they can."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type in VISION_BUILT:
+        return None
+    why = (
+        "its vision tower is not built by the trainer yet (it trains the text model only)"
+        if model_type in TEXT_ONLY_OF_VL or model_type in VISION_NOT_BUILT
+        else "it is a text-only model"
+    )
+    return (
+        f"model_type {model_type!r}: {why}; the trainer's vision path is built for {', '.join(VISION_BUILT)}. "
+        "Train a Qwen2.5-VL checkpoint on image data, or drop --multimodal-keys to train on text"
+    )
+
+
 def family_of(hf_config: Any) -> Family:
     """The registered family of an HF config, or a ValueError naming its model_type and the known ones."""
     model_type = getattr(hf_config, "model_type", None)
+    if model_type in VISION_NOT_BUILT:
+        raise ValueError(
+            f"model_type {model_type!r} ({VISION_NOT_BUILT[model_type]}) is a vision-language model whose vision path "
+            f"is not built yet (the trainer builds {', '.join(VISION_BUILT)}'s: slime_like/trainer/megatron/"
+            "vision_language.py)"
+        )
     if model_type not in FAMILIES:
         raise ValueError(f"model_type {model_type!r} is not supported; registered families: {sorted(FAMILIES)}")
     return FAMILIES[model_type]
