@@ -206,6 +206,16 @@ def test_export_and_torch_dist_round_trip_are_bit_exact(tiny_qwen2_5_vl, megatro
     engine.train_step(data.tokens, data, _sum_logprob_loss)
     converted = torch_dist_to_hf_round_trip(engine, tiny_qwen2_5_vl, tmp_path)
     assert not torch.equal(converted["visual.patch_embed.proj.weight"], original["visual.patch_embed.proj.weight"])
+    # The conversion tools: HF -> torch_dist -> HF gives the checkpoint back bit-exactly.
+    from tools import convert_hf_to_torch_dist, convert_torch_dist_to_hf
+
+    convert_hf_to_torch_dist.main(["--hf-checkpoint", str(tiny_qwen2_5_vl), "--save", str(tmp_path / "td")])
+    back = ["--hf-checkpoint", str(tiny_qwen2_5_vl), "--save", str(tmp_path / "back")]
+    convert_torch_dist_to_hf.main(["--load", str(tmp_path / "td"), *back])
+    returned = safetensors_of(tmp_path / "back")
+    assert sorted(returned) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(returned[name], tensor), name
 
 
 def vlm_train_run(hf_dir: str | Path) -> dict:
