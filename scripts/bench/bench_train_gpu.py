@@ -4,6 +4,7 @@
     python scripts/bench/bench_train_gpu.py --models dense --seq-len 4096 --seqs-per-step 16
     python scripts/bench/bench_train_gpu.py --tiny                   # tiny sizes: runs anywhere, CPU included
     python scripts/bench/bench_train_gpu.py --fused-elementwise off on --grouped-experts off on  # a row per path
+    python scripts/bench/bench_train_gpu.py --attention flex         # torch's core attention path (no TE)
 
 Prints figures, asserts nothing. Each model is written locally as an HF checkpoint with random weights
 (transformers, no download), loaded into one MegatronTrainEngine (a world of one), and trained with the
@@ -120,6 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--workdir", default=None, help="where the HF checkpoints are written (default: a temp dir)")
+    p.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "varlen", "flex", "sdpa", "off"],
+        help="--attention-backend-torch: torch's core attention without TE (slime_like/trainer/megatron/torch_attention.py)",
+    )
     args = p.parse_args(argv)
     defaults = {"seq_len": (2048, 64), "seqs_per_step": (32, 4), "max_tokens_per_micro_batch": (8192, 128)}
     defaults.update(steps=(10, 2), warmup=(3, 1))
@@ -204,6 +211,7 @@ def bench_model(
         OptimizerSettings(lr=1e-5),
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
         dtype=dtype,
+        torch_attention=args.attention,
         local_kernels=kernels,
     )
     megatron_params = sum(p.numel() for chunk in engine.model for p in chunk.parameters())
@@ -244,12 +252,24 @@ def bench_model(
         "mfu": None if peak is None else model_flops / peak,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 1024**3 if cuda else None,
         "paths": paths_label(engine.transformer_engine, kernels),
+        "attention": attention_ran(engine),
+        "layout": engine.layout,
     }
     del engine
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def attention_ran(engine) -> str:
+    """Which core attention the timed steps ran: torch's path(s), or Megatron's (TE or local)."""
+    from slime_like.trainer.megatron.torch_attention import attention_paths
+
+    paths = attention_paths(engine.model)
+    if paths:
+        return "torch " + "+".join(paths)
+    return "transformer-engine" if engine.transformer_engine else "megatron-local"
 
 
 def paths_label(transformer_engine: bool, kernels: LocalKernels) -> str:
@@ -280,7 +300,7 @@ def report(device: str, peak: float | None, args: argparse.Namespace, results: l
         lines.append(
             f"{r['model']:<20} {_count(r['params']):>9} {_count(r['active_params']):>9} "
             f"{r['step_s_median']:>9.3f} {r['tokens_per_s']:>11.1f} {r['model_tflops']:>14.4f} {mfu:>7} {mem:>13}  "
-            f"{r['paths']}"
+            f"{r['paths']}; attention: {r['attention']}"
         )
     for r in results:
         if r["params"] != r["params_megatron"]:
@@ -307,7 +327,11 @@ def main(argv: list[str] | None = None) -> None:
             if not hf_dir.exists():  # once per model, whatever the number of path combinations
                 write_checkpoint(shape, hf_dir, max(4096, args.seq_len))
             results.append(bench_model(shape, hf_dir, args, peak, paths))
-            print(f"{shape.name}: {results[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
+            r = results[-1]
+            print(
+                f"{shape.name}: {r['tokens_per_s']:.1f} tokens/s; attention: {r['attention']} ({r['layout']})",
+                flush=True,
+            )
     print(report(device, peak, args, results), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "peak_flops": peak, "results": results}, indent=1))

@@ -111,7 +111,8 @@ class MegatronTrainEngine:
         self.value_head = value_head
         self.bridge = model_lib.make_bridge(hf_dir, dtype, **config_overrides)
         self.transformer_engine = model_lib.uses_transformer_engine(self.bridge)
-        self.layout = choose_layout(layout, self.transformer_engine)
+        # torch's core attention (torch_attention.py) takes THD micro-batches as TE does.
+        self.layout = choose_layout(layout, model_lib.takes_packed_sequences(self.bridge))
         self.cp_size = mpu.get_context_parallel_world_size()
         if self.cp_size > 1 and self.layout != "thd":
             raise ValueError(

@@ -1,5 +1,6 @@
 """Megatron's local (non-Transformer-Engine) layer specs for the bridges, with the families' own layers in them
-(MLA's core attention, sandwich norms, all-heads q/k norms). Its own module: bridges and model both use it."""
+(MLA's core attention, sandwich norms, all-heads q/k norms) and, when make_bridge chose it, torch's core attention
+(torch_attention.py). Its own module: bridges and model both use it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def local_layer_spec(self, vp_stage: int | None = None):
         attention = layer.submodules.self_attention
         if attention.module is MLASelfAttention:
             attention.submodules.core_attention = _mla_core_attention()
+    torch_path = getattr(self, "slime_like_torch_attention", None)
+    if torch_path is not None:  # varlen / flex / sdpa: packed (THD) micro-batches without a [T, T] mask
+        from slime_like.trainer.megatron.torch_attention import use_torch_attention
+
+        use_torch_attention(spec, torch_path)
     if getattr(self, "sandwich_norms", False):
         from slime_like.trainer.megatron.sandwich_norms import add_sandwich_norms
 

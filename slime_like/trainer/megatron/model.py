@@ -8,6 +8,8 @@ builds the TransformerConfig and the GPTModel; the fixes it needs are made here 
   spec (separate layer-norm modules, SequentialMLP experts), whose names the registry maps directly;
   its core attention assumes q/k and v heads of kv_channels, so MLA gets a subclass taking its sizes.
   The local spec cannot run context or sequence parallel: make_bridge refuses them with the flag's name.
+  Its core attention can be torch's (varlen / flex / SDPA, torch_attention.py): on CUDA without TE by default,
+  on the CPU when `torch_attention` (--attention-backend-torch) asks; it takes packed (THD) micro-batches.
 - mbridge takes the TP/PP/CP/EP sizes from Megatron's parallel state, but turns sequence parallel on
   whenever TP > 1: here it follows --sequence-parallel (init_parallel) instead.
 - Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16, GLM): bridges.py; GLM-4's
@@ -40,6 +42,7 @@ from slime_like.trainer.megatron.cpu_compat import (
 from slime_like.trainer.megatron.families import family_of, rules_for
 from slime_like.trainer.megatron.layer_specs import local_layer_spec
 from slime_like.trainer.megatron.parallel import check_sequence_parallel, sequence_parallel_enabled
+from slime_like.trainer.megatron.torch_attention import choose_attention
 
 
 def _check_context_parallel(local_spec: bool) -> None:
@@ -65,7 +68,8 @@ def make_bridge(
 
     `make_vocab_size_divisible_by` pads Megatron's vocabulary (padding rows are dropped on export);
     `config_overrides` are extra Megatron TransformerConfig fields (e.g. recompute settings);
-    `sequence_parallel` among them overrides init_parallel's choice.
+    `sequence_parallel` among them overrides init_parallel's choice; `torch_attention` (--attention-backend-torch:
+    auto, varlen, flex, sdpa, off) picks torch's core attention for the local spec (torch_attention.py).
     """
     from megatron.core import parallel_state as mpu
 
@@ -76,6 +80,7 @@ def make_bridge(
     tp = mpu.get_tensor_model_parallel_world_size()
     # Off at TP 1 (nothing to split), as init_parallel and Megatron-LM turn it off.
     sequence_parallel = config_overrides.pop("sequence_parallel", sequence_parallel_enabled()) and tp > 1
+    torch_attention = config_overrides.pop("torch_attention", None)
     check_sequence_parallel(sequence_parallel, tp)
     hf_config = load_hf_config(hf_dir)
     fix_hf_config(hf_config)
@@ -97,12 +102,30 @@ def make_bridge(
     if local_spec and not getattr(bridge, "builds_own_layer_spec", False):  # Qwen3-Next builds both specs
         bridge._get_transformer_layer_spec = types.MethodType(local_layer_spec, bridge)
     bridge.set_extra_args(**{**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides})
+    bridge.slime_like_torch_attention = choose_attention(
+        torch_attention,
+        ON_CUDA,
+        not local_spec,
+        softmax_type=getattr(bridge.config, "softmax_type", "vanilla"),
+        dropout=float(bridge.config.attention_dropout or 0.0),
+        own_spec=getattr(bridge, "builds_own_layer_spec", False),
+    )
     return bridge
 
 
 def uses_transformer_engine(bridge) -> bool:
     """Whether make_bridge kept mbridge's Transformer Engine layer spec (CUDA with TE installed)."""
     return not bridge.slime_like_local_spec
+
+
+def torch_attention_path(bridge) -> str | None:
+    """The torch core-attention path the local spec uses (varlen, flex, sdpa), or None for Megatron's attention."""
+    return getattr(bridge, "slime_like_torch_attention", None)
+
+
+def takes_packed_sequences(bridge) -> bool:
+    """Whether the model's attention takes THD micro-batches (PackedSeqParams): TE's, or torch's."""
+    return uses_transformer_engine(bridge) or torch_attention_path(bridge) is not None
 
 
 def build_model(
