@@ -75,3 +75,17 @@ def test_grouped_experts_match_sequential_mlp(tiny_qwen3_moe: Path, megatron_wor
     export = dict(export_hf_weights(bridge, grouped))
     assert list(export) == list(ref_export) and any(".experts.3." in n for n in export)
     assert all(torch.equal(export[n], ref_export[n]) for n in export)
+
+
+def test_grouped_experts_checkpoint_converts_to_hf(tiny_qwen3_moe: Path, megatron_world, tmp_path: Path) -> None:
+    """A torch_dist checkpoint saved with grouped experts converts back to the checkpoint's HF tensors."""
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.local_kernels_flags import LocalKernels
+    from tests.megatron.common import torch_dist_to_hf_round_trip
+    from tests.megatron.test_families import safetensors_of
+
+    engine = MegatronTrainEngine(tiny_qwen3_moe, local_kernels=LocalKernels(grouped_experts=True))
+    converted = torch_dist_to_hf_round_trip(engine, tiny_qwen3_moe, tmp_path)
+    stored = safetensors_of(tiny_qwen3_moe)
+    assert sorted(converted) == sorted(stored)
+    assert all(torch.equal(converted[n], stored[n].to(converted[n].dtype)) for n in stored)
