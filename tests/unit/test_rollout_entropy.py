@@ -39,9 +39,16 @@ def test_old_policy_forward_asks_for_entropies_with_the_flag() -> None:
     engine, tokens = Engine(), [[1, 2, 3]]
     lp, entropy, routing = old_policy_forward(engine, Namespace(use_rollout_entropy=True), tokens, None)
     assert entropy is not None and entropy[0].tolist() == [2.0, 2.0] and routing is None
-    assert engine.calls[-1] == ("forward_logprobs", {"with_entropy": True, "routing": None, "local": True})
+    assert engine.calls[-1] == (
+        "forward_logprobs",
+        {"with_entropy": True, "routing": None, "local": True, "multimodal": None},
+    )
     lp, entropy, routing = old_policy_forward(engine, Namespace(), tokens, ["r3"])
-    assert entropy is None and routing == ["r3"] and engine.calls[-1][1] == {"routing": ["r3"], "local": True}
+    assert (
+        entropy is None
+        and routing == ["r3"]
+        and engine.calls[-1][1] == {"routing": ["r3"], "local": True, "multimodal": None}
+    )
     _, entropy, routing = old_policy_forward(engine, Namespace(use_routing_replay=True), tokens, None)
     assert routing == ["recorded"] and entropy is None and engine.calls[-1][0] == "forward_logprobs_and_routing"
 
