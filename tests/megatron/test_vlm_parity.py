@@ -1,7 +1,7 @@
 """Qwen2.5-VL on the trainer: Megatron's language model beside transformers' vision tower (vision_language.py).
 
 A tiny random Qwen2.5-VL (fp32, written here with transformers) against Qwen2_5_VLForConditionalGeneration: packed
-log-probs of two sequences with different images within 1e-5; the 3-D rope positions equal get_rope_index's; a train
+log-probs of two sequences with different images within 1e-5 (one masked row, and THD); the 3-D rope positions equal get_rope_index's; a train
 step reaches the vision tower unless --freeze-params-name-list freezes it; HF -> torch_dist -> HF is bit-exact; TP=2
 and DP=2 (and PP=2: vlm_worker.py) give the single process's log-probs and trained weights.
 """
@@ -123,8 +123,14 @@ def _engine(hf_dir: Path, freeze: bool = False, sgd: bool = False):
     )
 
 
-def test_packed_logprobs_match_transformers(tiny_qwen2_5_vl, megatron_world):
-    engine = _engine(tiny_qwen2_5_vl)
+@pytest.mark.parametrize("layout", ["packed", "thd"])
+def test_packed_logprobs_match_transformers(tiny_qwen2_5_vl, megatron_world, layout):
+    """One row with a block-diagonal mask (Megatron's local attention), or THD with cu_seqlens (torch's SDPA per
+    sequence: mrope's positions are taken per sequence by offset, as Transformer Engine takes them)."""
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+
+    thd = {"layout": "thd", "torch_attention": "sdpa"} if layout == "thd" else {}
+    engine = MegatronTrainEngine(tiny_qwen2_5_vl, None, max_tokens_per_micro_batch=4096, **thd)
     tokens = [t for t, _ in SAMPLES]
     got = engine.forward_logprobs(tokens, multimodal=[m for _, m in SAMPLES])
     assert len(engine._plan(tokens)) == 1  # both sequences in one packed micro-batch
