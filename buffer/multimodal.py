@@ -249,3 +249,38 @@ def merge_train_inputs(chunks: list[dict[str, Any] | None]) -> dict[str, Any] | 
                 by_key.setdefault(key, []).append(value)
     merged = {k: torch.cat(v, dim=0) for k, v in by_key.items() if all(isinstance(t, torch.Tensor) for t in v)}
     return merged or None
+
+
+# Messages rendered before an observation so the chat template's preamble (a default system prompt) can be cut off
+# (slime's geo3k_vlm_multi_turn: DUMMY_MESSAGES).
+_PREAMBLE = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "I am a user."}]
+
+
+def observation_inputs(
+    processor: Any, message: dict[str, Any], images: list[Any], chat_template_kwargs: dict | None = None
+) -> tuple[list[int], dict[str, Any] | None, list[Any]]:
+    """One environment turn with images, as a multi-turn rollout appends it: the message's ids as the chat template
+    renders it after earlier turns (up to the next assistant header), its image tensors, and its decoded images."""
+    images = [load_image(image) for image in images]
+    kwargs = chat_template_kwargs or {}
+    before = processor.apply_chat_template(_PREAMBLE, tokenize=False, add_generation_prompt=False, **kwargs)
+    text = processor.apply_chat_template([*_PREAMBLE, message], tokenize=False, add_generation_prompt=True, **kwargs)
+    if not text.startswith(before):
+        raise ValueError("the chat template renders earlier turns differently once a message follows them")
+    ids, train_inputs = process(processor, text[len(before) :], images)
+    return ids, train_inputs, images
+
+
+def append_observation(sample: Any, turn: tuple[list[int], dict[str, Any] | None, list[Any]]) -> None:
+    """Append an environment turn (observation_inputs) to a sample: its tokens with loss mask 0 and log-prob 0, its
+    images to multimodal_inputs and its tensors merged into multimodal_train_inputs (slime's per-turn merge)."""
+    ids, train_inputs, images = turn
+    sample.tokens = list(sample.tokens) + list(ids)
+    sample.response_length += len(ids)
+    sample.loss_mask = (sample.loss_mask or []) + [0] * len(ids)
+    sample.rollout_log_probs = (sample.rollout_log_probs or []) + [0.0] * len(ids)
+    sample.add_version_spans(len(ids))  # no weights generated them
+    inputs = dict(sample.multimodal_inputs or {})
+    inputs["images"] = list(inputs.get("images") or []) + list(images)
+    sample.multimodal_inputs = inputs
+    sample.multimodal_train_inputs = merge_train_inputs([sample.multimodal_train_inputs, train_inputs])

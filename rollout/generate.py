@@ -214,6 +214,16 @@ async def call_model(ctx: RolloutContext, sample: Sample, params: dict[str, Any]
         sample.status = Status.FAILED
         sample.metadata["generate_error"] = str(exc)
         return None
+    served = out["meta_info"].get("prompt_tokens")
+    if images and served is not None and served != len(payload["input_ids"]):
+        # SGLang tokenised the sequence again (a server not started by rollout/sglang_launch.py: sglang_vlm.py)
+        sample.status = Status.FAILED
+        sample.metadata["generate_error"] = (
+            f"the server read {served} prompt tokens for the {len(payload['input_ids'])} ids sent with images: start "
+            "SGLang through rollout.sglang_launch (rollout/sglang_vlm.py keeps image requests' ids as sent)"
+        )
+        logger.warning("sample %s: %s", sample.index, sample.metadata["generate_error"])
+        return None
     if replay:
         take_routed_experts(ctx.args, sample, out)
     return out

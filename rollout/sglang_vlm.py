@@ -1,14 +1,16 @@
 """SGLang server-side hooks for vision-language checkpoints (Qwen2.5-VL, Qwen3-VL), applied by rollout/sglang_launch.py.
 
-1. Token in with images. A rollout sends the prompt's ids as the processor made them, each image already expanded
+1. Token in with images. A rollout sends the sequence's ids as the processor made them, each image already expanded
    to one `<|image_pad|>` per merged patch, with the images in `image_data`. SGLang 0.5.15 decodes such ids to text
-   and runs the Hugging Face processor on it, and transformers 5's processor expands every `<|image_pad|>` it finds
-   again, one image per pad: with more pads than images it fails ("coroutine raised StopIteration", HTTP 500). The
-   hook hands SGLang's loader the ids with each run of pads collapsed to one (what the chat template renders) and
-   keeps the ids as sent: SGLang then processes the images as usual and, when its own expansion has the length of
-   the ids sent (its processor and ours agree), keeps the sent ids (base_processor.process_mm_data_async reuses
-   `base_output.input_ids` of the same length), so the sequence served is exactly the rollout's, never re-tokenised
-   text. A request whose pads already are collapsed is unchanged.
+   and runs the Hugging Face processor on it: transformers 5's processor expands every `<|image_pad|>` it finds
+   again, one image per pad, so with more pads than images it fails ("coroutine raised StopIteration", HTTP 500);
+   and where it works (one pad per image) the text is tokenised again, which changes a multi-turn sequence's
+   sampled tokens (measured: a second turn's log-probs off by 0.02-0.04). The hook gives SGLang's loader a
+   stand-in text instead, each image block as the chat template renders it and every other token as one special
+   token, so the processor's ids line up one to one with the ids sent, image offsets included (its pixel values,
+   grids and M-RoPE positions are the images'), and keeps the ids as sent: base_processor.process_mm_data_async
+   reuses `base_output.input_ids` when they have the processor's length. The sequence served is exactly the
+   rollout's, never re-tokenised text.
 
 2. Without CUDA: SGLang's Qwen-VL multimodal processors (sglang/srt/multimodal/processors/qwen_vl.py) import its
    Qwen3.5 model, which at import binds three fused kernels of SGLang's CPU kernel package (`sgl_kernel::
@@ -34,37 +36,69 @@ QWEN3_5_CPU_KERNELS = (
 _LIBRARIES: list[Any] = []  # the torch.library fragments defined here (kept alive with their operators)
 
 
-def collapse_runs(ids: list[int], pad_ids: set[int]) -> list[int]:
-    """`ids` with each run of one pad id shortened to a single pad (the chat template's form of an image)."""
-    out: list[int] = []
-    for token in ids:
-        if token in pad_ids and out and out[-1] == token:
+def stand_in_text(ids: list[int], special: dict[str, int], names: dict[int, str], filler: str) -> str:
+    """The text SGLang's processor is given for `ids`: each image block (vision start, a run of image or video
+    pads, vision end) as the chat template renders it (one pad: the processor expands it again), every other token
+    as `filler`, a special token that tokenizes alone. Its tokens therefore line up one to one with `ids`."""
+    start, end = special["start"], special["end"]
+    pads = {special["image"], special["video"]}
+    parts: list[str] = []
+    i = 0
+    while i < len(ids):
+        if ids[i] == start and i + 1 < len(ids) and ids[i + 1] in pads:
+            j = i + 1
+            while j < len(ids) and ids[j] == ids[i + 1]:
+                j += 1
+            if j < len(ids) and ids[j] == end:
+                parts.append(names[start] + names[ids[i + 1]] + names[end])
+                i = j + 1
+                continue
+        parts.append(filler)
+        i += 1
+    return "".join(parts)
+
+
+def _special_ids(processor: Any) -> dict[str, int] | None:
+    """The vision special ids of SGLang's Qwen-VL processor (None for another family: the hook leaves it alone)."""
+    tokens = getattr(processor, "mm_tokens", None)
+    special = {
+        "start": getattr(processor, "vision_start_token_id", None),
+        "end": getattr(processor, "vision_end_token_id", None),
+        "image": getattr(tokens, "image_token_id", None),
+        "video": getattr(tokens, "video_token_id", None),
+    }
+    return special if all(v is not None for v in special.values()) else None
+
+
+def _filler(tokenizer: Any, special: dict[str, int]) -> str | None:
+    """A special token (eos, else pad) that is no vision token and tokenizes alone, however many are joined."""
+    for token in (tokenizer.eos_token, tokenizer.pad_token):
+        if not token or tokenizer.convert_tokens_to_ids(token) in special.values():
             continue
-        out.append(token)
-    return out
-
-
-def _pad_ids(tokens: Any) -> set[int]:
-    """The image and video pad ids of SGLang's MultimodalSpecialTokens."""
-    return {i for i in (getattr(tokens, "image_token_id", None), getattr(tokens, "video_token_id", None)) if i}
+        if len(tokenizer.encode(token * 3, add_special_tokens=False)) == 3:
+            return token
+    return None
 
 
 async def keep_sent_ids(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook of BaseMultimodalProcessor.load_mm_data: load with the pads collapsed, keep the ids as sent."""
+    """AROUND hook of BaseMultimodalProcessor.load_mm_data: for a prompt of ids, load the images with a stand-in
+    text whose tokens line up with the ids (stand_in_text), and keep the ids as sent."""
     prompt = kwargs["prompt"] if "prompt" in kwargs else (args[0] if args else None)
-    tokens = kwargs.get("multimodal_tokens", args[1] if len(args) > 1 else None)
-    pads = _pad_ids(tokens)
-    if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], int) or not pads:
+    special = _special_ids(self)
+    tokenizer = getattr(self, "_tokenizer", None)
+    if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], int) or not special or not tokenizer:
         return await original(self, *args, **kwargs)
-    collapsed = collapse_runs(prompt, pads)
-    if len(collapsed) == len(prompt):
+    filler = _filler(tokenizer, special)
+    if filler is None:
         return await original(self, *args, **kwargs)
+    names = {i: tokenizer.convert_ids_to_tokens(i) for i in special.values()}
+    text = stand_in_text(prompt, special, names, filler)
     if "prompt" in kwargs:
-        kwargs["prompt"] = collapsed
+        kwargs["prompt"] = text
     else:
-        args = (collapsed, *args[1:])
+        args = (text, *args[1:])
     output = await original(self, *args, **kwargs)
-    output.input_ids = list(prompt)  # reused by process_mm_data_async when SGLang's expansion has this length
+    output.input_ids = list(prompt)  # reused by process_mm_data_async: the processor's ids have its length
     return output
 
 

@@ -200,6 +200,10 @@ def make_tiny_vlm(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
+    if args.family == "qwen3_5":  # the published text_config field SGLang reads (transformers keeps layer_types)
+        saved = json.loads((out / "config.json").read_text())
+        saved["text_config"]["full_attention_interval"] = 2
+        (out / "config.json").write_text(json.dumps(saved, indent=2))
     processor = build_processor(args.family, tokenizer, args)
     processor.save_pretrained(out)
     tokenizer.save_pretrained(out)  # the tokenizer's own copy of the chat template, for text-only readers
