@@ -5,9 +5,10 @@ small matmuls and the activation, then a concatenation. Megatron's GroupedMLP ne
 TEGroupedMLP needs TE. GroupedExperts subclasses SequentialMLP, so its parameters, checkpoints (sharded_state_dict),
 HF name maps and weight updates stay `local_experts.{i}.linear_fc1.weight` / `linear_fc2.weight`; only the forward
 changes: the token dispatcher hands over tokens already sorted by local expert with their counts, so the group
-offsets are a cumsum, and each projection is one `torch._grouped_mm` over all experts (CUDA, and the CPU in torch
-2.13 with fp32/bf16/fp16, given rows of a multiple of 16 bytes). Elsewhere a padded batched matmul (tokens scattered
-into [experts, max tokens, hidden] by their rank within their expert) replaces it: no per-expert loop either way.
+offsets are a cumsum, and each projection is one `torch._grouped_mm` over all experts: torch's CUTLASS kernel for
+bf16 on SM90+ GPUs; elsewhere (other dtypes or GPUs, and the CPU in torch 2.13, fp32/bf16/fp16) torch's own per-group
+fallback inside the op. It needs rows of a multiple of 16 bytes; otherwise a padded batched matmul (tokens scattered
+into [experts, max tokens, hidden] by their rank within their expert) replaces it, with no per-expert loop.
 
 The expert weights are stacked each forward (one copy of the local experts' weights, kept for the backward) and the
 stack's backward hands each expert its own gradient, so Megatron's DDP gradient hooks see the same parameters.
