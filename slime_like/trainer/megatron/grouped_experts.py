@@ -42,10 +42,8 @@ class _ContiguousGrad(torch.autograd.Function):
 
 def grouped_mm_usable(dims: tuple[int, ...], dtype: torch.dtype) -> bool:
     """Whether torch._grouped_mm takes matrices with these row widths in this dtype (rows of 16-byte multiples)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    return (
-        GROUPED_MM and dtype in (torch.float32, torch.bfloat16, torch.float16) and all(d * size % 16 == 0 for d in dims)
-    )
+    supported = GROUPED_MM and dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return supported and all(d * dtype.itemsize % 16 == 0 for d in dims)
 
 
 def grouped_linear(x: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor, use_grouped_mm: bool) -> torch.Tensor:
