@@ -139,6 +139,8 @@ class Sample:
         if hasattr(d["rollout_routed_experts"], "tolist"):  # an array (R3): nested lists for JSON
             d["rollout_routed_experts"] = d["rollout_routed_experts"].tolist()
         d["status"] = self.status.value
+        d["multimodal_inputs"] = _encode_images(d["multimodal_inputs"])
+        d["multimodal_train_inputs"] = _encode_tensors(d["multimodal_train_inputs"])
         return d
 
     @classmethod
@@ -146,12 +148,75 @@ class Sample:
         """Inverse of `to_dict`; keys that are not fields become attributes."""
         d = dict(d)
         d["status"] = Status(d.get("status", "pending"))
+        d["multimodal_inputs"] = _decode_images(d.get("multimodal_inputs"))
+        d["multimodal_train_inputs"] = _decode_tensors(d.get("multimodal_train_inputs"))
         names = {f.name for f in fields(cls)}
         sample = cls(**{k: v for k, v in d.items() if k in names})
         for key, value in d.items():
             if key not in names:
                 setattr(sample, key, value)
         return sample
+
+
+# to_dict's JSON forms of a sample's images (PNG data URLs) and image tensors ({TENSOR_KEY: nested lists, "dtype"}):
+# a checkpoint's buffer state is JSON and may hold partly generated image samples.
+_PNG_URL = "data:image/png;base64,"
+TENSOR_KEY = "__tensor__"
+
+
+def _encode_images(inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not inputs or not inputs.get("images"):
+        return inputs
+    import base64
+    import io
+
+    urls = []
+    for image in inputs["images"]:
+        if hasattr(image, "save"):  # a PIL image
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+            image = _PNG_URL + base64.b64encode(buffer.getvalue()).decode("ascii")
+        urls.append(image)
+    return {**inputs, "images": urls}
+
+
+def _decode_images(inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not inputs or not inputs.get("images"):
+        return inputs
+    import base64
+    import io
+
+    from PIL import Image
+
+    decoded = [
+        Image.open(io.BytesIO(base64.b64decode(i[len(_PNG_URL) :]))).convert("RGB")
+        if isinstance(i, str) and i.startswith(_PNG_URL)
+        else i
+        for i in inputs["images"]
+    ]
+    return {**inputs, "images": decoded}
+
+
+def _encode_tensors(inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not inputs:
+        return inputs
+    return {
+        k: {TENSOR_KEY: v.tolist(), "dtype": str(v.dtype).removeprefix("torch.")} if hasattr(v, "dtype") else v
+        for k, v in inputs.items()
+    }
+
+
+def _decode_tensors(inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not inputs or not any(isinstance(v, dict) and TENSOR_KEY in v for v in inputs.values()):
+        return inputs
+    import torch
+
+    return {
+        k: torch.tensor(v[TENSOR_KEY], dtype=getattr(torch, v["dtype"]))
+        if isinstance(v, dict) and TENSOR_KEY in v
+        else v
+        for k, v in inputs.items()
+    }
 
 
 # The Sample class new samples are made of: ours, or a subclass the plugin loader chose (slime's, for slime plugins).

@@ -153,10 +153,26 @@ def test_merge_train_inputs() -> None:
     assert mm.merge_train_inputs([None]) is None
 
 
-def test_flag_parses_with_slimes_meaning(base: list[str]) -> None:
+def test_flag_parses_with_slimes_meaning(base: list[str], tiny_qwen2_5_vl: Path) -> None:
     from slime_like.arguments import parse_args
 
+    base = [str(tiny_qwen2_5_vl) if a == base[base.index("--hf-checkpoint") + 1] else a for a in base]
     args = parse_args(base + ["--multimodal-keys", '{"image": "images"}'])
     assert args.multimodal_keys == {"image": "images"}
     with pytest.raises(SystemExit):
         parse_args(base + ["--multimodal-keys", '{"audio": "clips"}'])
+
+
+def test_image_samples_survive_json(processor) -> None:
+    """A checkpoint's buffer state is JSON: a partly generated image sample comes back with its images and tensors."""
+    from PIL import Image
+
+    from slime_like.core.sample import Sample
+
+    image = Image.new("RGB", (56, 56), (10, 200, 30))
+    ids, train = mm.prompt_inputs(processor, mm.build_messages("<image>?", [image]), [image])
+    sample = Sample(tokens=ids, multimodal_inputs={"images": [image]}, multimodal_train_inputs=train)
+    back = Sample.from_dict(json.loads(json.dumps(sample.to_dict())))
+    assert back.multimodal_inputs["images"][0].tobytes() == image.tobytes()
+    for key, value in train.items():
+        assert back.multimodal_train_inputs[key].dtype == value.dtype and back.multimodal_train_inputs[key].equal(value)
