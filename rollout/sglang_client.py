@@ -115,10 +115,18 @@ def generate(
     return post(url, "/generate", {**payload, **fields}, timeout)
 
 
-def prompt_logprobs(url: str, tokens: list[int], timeout: float = 60.0, lora_path: str | None = None) -> list[float]:
+def prompt_logprobs(
+    url: str,
+    tokens: list[int],
+    timeout: float = 60.0,
+    lora_path: str | None = None,
+    image_data: list[str] | None = None,
+) -> list[float]:
     """The server's log-prob of every token of `tokens` after the first (its prompt log-probs), under the LoRA
-    adapter named `lora_path` when given."""
-    fields = {"lora_path": lora_path} if lora_path else {}
+    adapter named `lora_path` when given; `image_data`: the images of the tokens' image pads (a VL model's)."""
+    fields: dict[str, Any] = {"lora_path": lora_path} if lora_path else {}
+    if image_data:
+        fields["image_data"] = image_data
     params = {"max_new_tokens": 1, "temperature": 0}
     out = generate(url, tokens, params, True, timeout, logprob_start_len=0, **fields)
     try:

@@ -2,7 +2,8 @@
 
 Both sides score the same tokens at temperature 1 (SGLang's prompt log-probs are not temperature
 scaled); a maximum absolute difference above the tolerance means a server does not hold the trainer's
-weights, and raises WeightUpdateError naming the server and the difference.
+weights, and raises WeightUpdateError naming the server and the difference. A vision-language model's probe starts
+with a fixed image (the checkpoint's processor renders it), so the check covers its vision tower too.
 """
 
 from __future__ import annotations
@@ -27,10 +28,46 @@ def probe_tokens(vocab_size: int, length: int = PROBE_LENGTH, seed: int = 0) -> 
     return torch.randint(0, vocab_size, (length,), generator=g).tolist()
 
 
-def served_logprobs(url: str, tokens: list[int], timeout: float = 60.0, lora_path: str | None = None) -> torch.Tensor:
-    """The server's log-prob of every token after the first (under the LoRA adapter `lora_path` when given)."""
+def probe(engine: Any) -> tuple[list[int], dict[str, Any] | None, list[str] | None]:
+    """The probe's tokens; for a vision-language model (engine.vision) they start with a fixed image's prompt, and
+    its processor tensors (the trainer's) and image data URL (the server's) come with them (else None, None)."""
+    if not getattr(engine, "vision", False):
+        return probe_tokens(engine.bridge.hf_config.vocab_size), None, None
+    import numpy as np
+    from PIL import Image
+
+    from buffer import multimodal as mm
+
+    vl = engine.bridge.vl_config
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (56, 84, 3), dtype=np.uint8))
+    processor = mm.load_processor(str(engine.bridge.slime_like_hf_dir))
+    message = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "probe"}]}
+    ids, inputs = mm.process(processor, mm.render_text(processor, [message]), [image])
+    # Text after the image: ids below the vision special tokens (an image pad there would be an image without data).
+    special = min(vl.image_token_id, vl.video_token_id, vl.vision_start_token_id, vl.vision_end_token_id)
+    text = probe_tokens(min(special, engine.bridge.hf_config.vocab_size))
+    return ids + text, inputs, [mm.image_data_url(image)]
+
+
+def text_targets(engine: Any, tokens: list[int]) -> torch.Tensor:
+    """Which of the probe's log-probs compare: those of text tokens (SGLang swaps an image's pad ids for the image's
+    hash in its own ids, so its log-probs of the pads are of other ids)."""
+    image = engine.bridge.vl_config.image_token_id
+    return torch.tensor([t != image for t in tokens[1:]])
+
+
+def served_logprobs(
+    url: str,
+    tokens: list[int],
+    timeout: float = 60.0,
+    lora_path: str | None = None,
+    image_data: list[str] | None = None,
+) -> torch.Tensor:
+    """The server's log-prob of every token after the first (under the LoRA adapter `lora_path` when given; with the
+    images of the probe's image pads when given)."""
     try:
-        return torch.tensor(client.prompt_logprobs(url, tokens, timeout, lora_path), dtype=torch.float32)
+        logprobs = client.prompt_logprobs(url, tokens, timeout, lora_path, image_data)
+        return torch.tensor(logprobs, dtype=torch.float32)
     except EngineError as exc:
         raise WeightUpdateError(f"the weight check's probe failed: {exc}") from exc
 
@@ -48,10 +85,12 @@ def precisions(url: str, trainer_dtype: torch.dtype) -> str:
     )
 
 
-def trainer_logprobs(engine: Any, tokens: list[int]) -> torch.Tensor:
+def trainer_logprobs(engine: Any, tokens: list[int], images: dict[str, Any] | None = None) -> torch.Tensor:
     """The engine's log-probs of the probe at temperature 1 (a collective: every trainer rank calls it)."""
     temperature, engine.temperature = engine.temperature, 1.0
     try:
+        if images is not None:
+            return engine.forward_logprobs([tokens], multimodal=[images])[0].float()
         return engine.forward_logprobs([tokens])[0].float()
     finally:
         engine.temperature = temperature
@@ -74,8 +113,9 @@ def check_servers(
     before the first rollout. With `fleet`, a server whose probe fails and that the fleet then takes out (it died
     since the update) is skipped (and added to `skipped`): it restarts before the next update.
     """
-    tokens = probe_tokens(engine.bridge.hf_config.vocab_size)
-    expected = trainer_logprobs(engine, tokens)
+    tokens, images, image_data = probe(engine)
+    expected = trainer_logprobs(engine, tokens, images)
+    compared = text_targets(engine, tokens) if images is not None else slice(None)
     # A LoRA trainer's policy is the base plus its adapter: the servers serve it under the adapter's name.
     # (multi-LoRA: the caller names the live adapter, lora_slots.py)
     if lora_path is None and getattr(engine, "lora", None) is not None:
@@ -85,7 +125,8 @@ def check_servers(
         worst, problem = 0.0, None
         for url in server_urls:
             try:
-                diff = float((served_logprobs(url, tokens, lora_path=lora_path) - expected).abs().max())
+                served = served_logprobs(url, tokens, lora_path=lora_path, image_data=image_data)
+                diff = float((served - expected).abs()[compared].max())
             except WeightUpdateError as exc:
                 if fleet is not None and not _kept(fleet, url, str(exc)):
                     logger.warning("%s %s: not checked, it died since and the engine fleet took it out", when, url)
