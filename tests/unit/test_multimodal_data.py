@@ -176,3 +176,22 @@ def test_image_samples_survive_json(processor) -> None:
     assert back.multimodal_inputs["images"][0].tobytes() == image.tobytes()
     for key, value in train.items():
         assert back.multimodal_train_inputs[key].dtype == value.dtype and back.multimodal_train_inputs[key].equal(value)
+
+
+def test_http_urls_are_fetched_and_unreachable_ones_named(tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "blue.png").write_bytes(_png((0, 0, 255)))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert mm.load_image(f"{url}/blue.png").getpixel((0, 0)) == (0, 0, 255)
+        with pytest.raises(mm.ImageError, match=r"could not be fetched .* offline, store the images in the data"):
+            mm.load_image(f"{url}/missing.png")
+    finally:
+        server.shutdown()
+        server.server_close()
