@@ -1,9 +1,10 @@
 """Qwen2.5-VL on the trainer: Megatron's language model beside transformers' vision tower (vision_language.py).
 
-A tiny random Qwen2.5-VL (fp32, written here with transformers) against Qwen2_5_VLForConditionalGeneration: packed
-log-probs of two sequences with different images within 1e-5 (one masked row, and THD); the 3-D rope positions equal get_rope_index's; a train
-step reaches the vision tower unless --freeze-params-name-list freezes it; HF -> torch_dist -> HF is bit-exact; TP=2
-and DP=2 (and PP=2: vlm_worker.py) give the single process's log-probs and trained weights.
+A tiny random Qwen2.5-VL (fp32, written here with transformers: untied, random norms) against
+Qwen2_5_VLForConditionalGeneration: log-probs of two sequences with different images packed in one micro-batch within
+1e-5 (one masked row, and THD); the 3-D rope positions equal get_rope_index's; a train step reaches the vision tower
+unless --freeze-params-name-list freezes it; export, HF -> torch_dist -> HF and the conversion tools are bit-exact;
+TP=2 and DP=2 (and PP=2: vlm_worker.py) give the single process's log-probs and trained weights.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ IMAGE, VIDEO, START, END = 250, 251, 252, 253  # special token ids of the tiny c
 PATCH, TEMPORAL, MERGE = 14, 2, 2
 
 
-def make_tiny_qwen2_5_vl(out: Path) -> Path:
+def make_random_qwen2_5_vl(out: Path) -> Path:
     """A random fp32 Qwen2.5-VL checkpoint (two LM layers, two vision blocks, a windowed and a full one)."""
     import transformers
 
@@ -84,8 +85,8 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
+def random_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_random_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
 
 
 def _hf_logprobs(hf_dir: Path) -> list[torch.Tensor]:
@@ -124,26 +125,26 @@ def _engine(hf_dir: Path, freeze: bool = False, sgd: bool = False):
 
 
 @pytest.mark.parametrize("layout", ["packed", "thd"])
-def test_packed_logprobs_match_transformers(tiny_qwen2_5_vl, megatron_world, layout):
+def test_packed_logprobs_match_transformers(random_qwen2_5_vl, megatron_world, layout):
     """One row with a block-diagonal mask (Megatron's local attention), or THD with cu_seqlens (torch's SDPA per
     sequence: mrope's positions are taken per sequence by offset, as Transformer Engine takes them)."""
     from slime_like.trainer.megatron.engine import MegatronTrainEngine
 
     thd = {"layout": "thd", "torch_attention": "sdpa"} if layout == "thd" else {}
-    engine = MegatronTrainEngine(tiny_qwen2_5_vl, None, max_tokens_per_micro_batch=4096, **thd)
+    engine = MegatronTrainEngine(random_qwen2_5_vl, None, max_tokens_per_micro_batch=4096, **thd)
     tokens = [t for t, _ in SAMPLES]
     got = engine.forward_logprobs(tokens, multimodal=[m for _, m in SAMPLES])
     assert len(engine._plan(tokens)) == 1  # both sequences in one packed micro-batch
-    for ours, theirs in zip(got, _hf_logprobs(tiny_qwen2_5_vl), strict=True):
+    for ours, theirs in zip(got, _hf_logprobs(random_qwen2_5_vl), strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 
 
-def test_mrope_positions_match_get_rope_index(tiny_qwen2_5_vl):
+def test_mrope_positions_match_get_rope_index(random_qwen2_5_vl):
     import transformers
 
     from slime_like.trainer.megatron.vision_language import mrope_positions
 
-    model = transformers.Qwen2_5_VLModel.from_pretrained(tiny_qwen2_5_vl, dtype=torch.float32)
+    model = transformers.Qwen2_5_VLModel.from_pretrained(random_qwen2_5_vl, dtype=torch.float32)
     row = torch.tensor([SAMPLES[0][0] + SAMPLES[1][0]])
     per_sequence = torch.cat([torch.arange(len(t)) for t, _ in SAMPLES])[None]
     grids = torch.cat([m["image_grid_thw"] for _, m in SAMPLES])
@@ -172,8 +173,8 @@ def _sum_logprob_loss(logprobs: list[torch.Tensor], data: TrainData) -> torch.Te
 
 
 @pytest.mark.parametrize("freeze", [False, True], ids=["trained", "frozen"])
-def test_train_step_reaches_the_vision_tower_unless_frozen(tiny_qwen2_5_vl, megatron_world, freeze):
-    engine = _engine(tiny_qwen2_5_vl, freeze=freeze)
+def test_train_step_reaches_the_vision_tower_unless_frozen(random_qwen2_5_vl, megatron_world, freeze):
+    engine = _engine(random_qwen2_5_vl, freeze=freeze)
     chunk = engine.model[0].module
     before = {n: p.detach().clone() for n, p in chunk.named_parameters()}
     data = _train_data()
@@ -191,8 +192,8 @@ def test_train_step_reaches_the_vision_tower_unless_frozen(tiny_qwen2_5_vl, mega
         )
 
 
-def test_image_tokens_outside_the_loss_mask(tiny_qwen2_5_vl, megatron_world):
-    engine = _engine(tiny_qwen2_5_vl)
+def test_image_tokens_outside_the_loss_mask(random_qwen2_5_vl, megatron_world):
+    engine = _engine(random_qwen2_5_vl)
     data = _train_data()
     data.response_lengths = [len(data.tokens[0]) - 1, 3]  # the first "response" holds its image
     data.loss_masks = [[1] * n for n in data.response_lengths]
@@ -200,9 +201,9 @@ def test_image_tokens_outside_the_loss_mask(tiny_qwen2_5_vl, megatron_world):
         engine.train_step(data.tokens, data, _sum_logprob_loss)
 
 
-def test_export_and_torch_dist_round_trip_are_bit_exact(tiny_qwen2_5_vl, megatron_world, tmp_path):
-    engine = _engine(tiny_qwen2_5_vl)
-    original = safetensors_of(tiny_qwen2_5_vl)
+def test_export_and_torch_dist_round_trip_are_bit_exact(random_qwen2_5_vl, megatron_world, tmp_path):
+    engine = _engine(random_qwen2_5_vl)
+    original = safetensors_of(random_qwen2_5_vl)
     exported = {name: t.clone() for name, t in engine.export_hf_weights()}
     assert sorted(exported) == sorted(original)
     assert any(name.startswith("visual.blocks.1.") for name in exported)
@@ -210,13 +211,13 @@ def test_export_and_torch_dist_round_trip_are_bit_exact(tiny_qwen2_5_vl, megatro
         assert torch.equal(exported[name], tensor), name
     data = _train_data()  # a step first: the optimizer state is saved too, and trained weights convert back
     engine.train_step(data.tokens, data, _sum_logprob_loss)
-    converted = torch_dist_to_hf_round_trip(engine, tiny_qwen2_5_vl, tmp_path)
+    converted = torch_dist_to_hf_round_trip(engine, random_qwen2_5_vl, tmp_path)
     assert not torch.equal(converted["visual.patch_embed.proj.weight"], original["visual.patch_embed.proj.weight"])
     # The conversion tools: HF -> torch_dist -> HF gives the checkpoint back bit-exactly.
     from tools import convert_hf_to_torch_dist, convert_torch_dist_to_hf
 
-    convert_hf_to_torch_dist.main(["--hf-checkpoint", str(tiny_qwen2_5_vl), "--save", str(tmp_path / "td")])
-    back = ["--hf-checkpoint", str(tiny_qwen2_5_vl), "--save", str(tmp_path / "back")]
+    convert_hf_to_torch_dist.main(["--hf-checkpoint", str(random_qwen2_5_vl), "--save", str(tmp_path / "td")])
+    back = ["--hf-checkpoint", str(random_qwen2_5_vl), "--save", str(tmp_path / "back")]
     convert_torch_dist_to_hf.main(["--load", str(tmp_path / "td"), *back])
     returned = safetensors_of(tmp_path / "back")
     assert sorted(returned) == sorted(original)
@@ -233,13 +234,13 @@ def vlm_train_run(hf_dir: str | Path) -> dict:
     return {"logprobs": logprobs, "metrics": metrics, "weights": {n: t.clone() for n, t in engine.export_hf_weights()}}
 
 
-def test_tp_dp_match_one_process(tiny_qwen2_5_vl, megatron_world, tmp_path):
+def test_tp_dp_match_one_process(random_qwen2_5_vl, megatron_world, tmp_path):
     out = tmp_path / "vlm.pt"
     # PP=2 passes too (vlm_worker.py's default runs it); CI runs TP=2 and DP=2 to keep within its time.
-    torchrun(Path(__file__).with_name("vlm_worker.py"), [str(out), str(tiny_qwen2_5_vl), "tp2,dp2"], timeout=240)
+    torchrun(Path(__file__).with_name("vlm_worker.py"), [str(out), str(random_qwen2_5_vl), "tp2,dp2"], timeout=240)
     runs = torch.load(out)
-    single = vlm_train_run(tiny_qwen2_5_vl)
-    expected = _hf_logprobs(tiny_qwen2_5_vl)
+    single = vlm_train_run(random_qwen2_5_vl)
+    expected = _hf_logprobs(random_qwen2_5_vl)
     for layout, run in runs.items():
         for ours, theirs in zip(run["logprobs"], expected, strict=True):
             torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0, msg=layout)
