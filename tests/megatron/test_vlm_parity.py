@@ -262,3 +262,13 @@ def test_vision_paths_not_built_are_named_at_start() -> None:
     problem = family_problem("/ckpt", qwen3_5, images=True)
     assert problem.startswith("--multimodal-keys with --hf-checkpoint /ckpt: model_type 'qwen3_5': its vision tower")
     assert family_problem("/ckpt", AutoConfig.for_model("qwen2_5_vl"), images=True) is None
+
+
+def test_checkpoint_with_module_names_is_refused_with_the_fix(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    from slime_like.trainer.megatron.hf_weights import HFCheckpoint
+
+    save_file({"model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors")
+    with pytest.raises(KeyError, match="transformers 4.52-4.57's names .* save_pretrained it again"):
+        HFCheckpoint(tmp_path).get("model.layers.0.mlp.up_proj.weight", "decoder.layers.0.mlp.linear_fc1.weight")

@@ -65,7 +65,14 @@ class HFCheckpoint:
     def get(self, name: str, wanted_by: str) -> torch.Tensor:
         """One tensor; a KeyError naming the Megatron parameter that needs it if it is absent."""
         if name not in self.files:
-            raise KeyError(f"{self.directory} has no tensor {name!r} (needed for Megatron parameter {wanted_by})")
+            hint = ""
+            if name.startswith(("model.layers.", "visual.")) and any(
+                n.startswith("model.language_model.") for n in self.files
+            ):
+                # transformers 4.52-4.57 saved Qwen2.5-VL under its module names; 5.x writes the original ones back.
+                hint = (": it stores transformers 4.52-4.57's names (model.language_model.*, model.visual.*); load it "
+                        "with transformers 5 and save_pretrained it again, which writes the original names")  # fmt: skip
+            raise KeyError(f"{self.directory} has no tensor {name!r} (needed for Megatron parameter {wanted_by}){hint}")
         path = self.files[name]
         if path not in self._open:
             self._open[path] = safe_open(path, "pt")
