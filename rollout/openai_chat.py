@@ -4,7 +4,8 @@
 branch of the session they continue; `tools` are parsed from the model's output into `tool_calls` by SGLang's parser
 named by `--sglang-tool-call-parser` (the servers' own flag); the sampled ids stay what trains. `/v1/completions`
 continues text the same way (each prompt is the text so far). Message `content` may be a string or a list of text
-parts (joined with newlines, as slime's adapters do); image and file parts are refused (400). Not yet: `n > 1`.
+parts (joined with newlines, as slime's adapters do), with image parts for a vision-language model
+(rollout/openai_images.py); file parts are refused (400). Not yet: `n > 1`.
 
 Streaming (`stream: true`, every dialect): SGLang streams the turn and its text goes out as it comes (`TextFeed`),
 held back only where it may still turn out to be the EOS token, a stop string or the start of a tool call; tool calls
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollout.arguments import server_arg
+from rollout.openai_images import IMAGE_PARTS, image_ref, message_images
 from rollout.openai_session import Conversation, EndpointError, render
 
 Emit = Callable[[bytes], Awaitable[None]]
@@ -35,15 +37,16 @@ async def complete_chat(endpoint: Any, conv: Conversation, body: dict[str, Any],
     """Generate one assistant turn on the branch the messages continue: the answer in Chat Completions' format (its
     text sent to `stream` as it is generated, if given)."""
     messages = plain_messages(_messages(body))
+    images = message_images(messages)
     tools = body.get("tools") or None
     parser = tool_parser(endpoint.ctx.args, tools, body.get("tool_choice"))
     tokenizer = endpoint.ctx.tokenizer
     forced = tool_constraint(parser, body.get("tool_choice"), tokenizer) if parser is not None else {}
     prompt_text = render(tokenizer, messages, generation_prompt=True, tools=tools)
     feed = TextFeed(tokenizer, stream, body, parser) if stream is not None else None
-    branch = endpoint.branch_for(conv, prompt_text)
+    branch = endpoint.branch_for(conv, prompt_text, images)
     async with branch.lock:  # taken at once: the route chose a branch with no turn in flight
-        turn = await endpoint.generate(branch, prompt_text, body, forced, feed.add if feed else None)
+        turn = await endpoint.generate(branch, prompt_text, body, forced, feed.add if feed else None, images)
         reason = turn.reason
         content = _content(tokenizer, turn.ids, turn.text, reason)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
@@ -179,7 +182,8 @@ def _messages(body: dict[str, Any]) -> list[Any]:
 
 def plain_messages(messages: list[Any]) -> list[dict[str, Any]]:
     """Messages with string content, as chat templates concatenate it: a list of text parts is joined with
-    newlines (as slime's adapters do), a missing content is empty; other parts (images, files) are refused. A tool
+    newlines (as slime's adapters do), a missing content is empty; with image parts the list is kept, text parts
+    and image parts (their reference kept in "image": openai_images.py); other parts (files) are refused. A tool
     call's JSON `arguments` become a mapping, as SGLang's own chat server renders them (GLM's templates iterate
     them)."""
     plain = []
@@ -189,9 +193,15 @@ def plain_messages(messages: list[Any]) -> list[dict[str, Any]]:
         content = m.get("content") or ""
         if isinstance(content, list):
             kinds = {p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content} - {"text"}
-            if kinds:
-                raise EndpointError(400, f"content parts {sorted(map(str, kinds))} are not supported: text only")
-            content = "\n".join(p.get("text") or "" for p in content)
+            if kinds - IMAGE_PARTS:
+                refused = sorted(map(str, kinds - IMAGE_PARTS))
+                raise EndpointError(400, f"content parts {refused} are not supported: text and images only")
+            if kinds:  # images: the template renders each part (an image as the model's vision block)
+                content = [
+                    {"type": "image", "image": image_ref(p)} if p.get("type") in IMAGE_PARTS else p for p in content
+                ]
+            else:
+                content = "\n".join(p.get("text") or "" for p in content)
         message = {**m, "content": content}
         if isinstance(m.get("tool_calls"), list):
             message["tool_calls"] = [_with_mapping_arguments(call) for call in m["tool_calls"]]

@@ -33,6 +33,7 @@ from aiohttp import web
 from rollout import anthropic_messages, openai_responses
 from rollout import generate as gen
 from rollout import openai_chat as chat
+from rollout import openai_images as images_lib
 from rollout.context import RolloutContext
 from rollout.openai_session import ChatSession, Conversation, EndpointError, Generated, bridge_text, turn_end_text
 from rollout.sglang_client import GenerateRefused, OnIds
@@ -223,10 +224,11 @@ class OpenAIEndpoint:
             raise EndpointError(404, "unknown or ended session (its sample finished, failed or timed out)")
         return await (handler or chat.complete_chat)(self, conv, body, stream)
 
-    def branch_for(self, conv: Conversation, prompt_text: str) -> ChatSession:
-        """The branch a call with this prompt continues (Conversation.route), registered and counted when new."""
+    def branch_for(self, conv: Conversation, prompt_text: str, images: list[Any] | None = None) -> ChatSession:
+        """The branch a call with this prompt (and these images) continues (Conversation.route), registered and
+        counted when new."""
         try:
-            route = conv.route(prompt_text, self.ctx.tokenizer)
+            route = conv.route(prompt_text, self.ctx.tokenizer, [images_lib.image_key(i) for i in images or []])
         except EndpointError:
             self.ctx.count("openai_history_mismatch")  # a strict session refused a changed history
             raise
@@ -259,16 +261,19 @@ class OpenAIEndpoint:
         body: dict[str, Any],
         constraint: dict[str, str] | None = None,
         on_ids: OnIds | None = None,
+        images: list[Any] | None = None,
     ) -> Generated:
         """Generate the branch's next turn for `prompt_text` (only the new text is tokenised), under `constraint` (a
         tool choice's grammar) if given, handing the sampled ids to `on_ids` as they come if given. The branch is
         left as it was: `keep` takes the turn once the dialect has made its answer."""
         tokenizer = self.ctx.tokenizer
+        refs = list(images or [])[len(session.images) :]  # the images this turn adds (openai_images.py)
         if not session.tokens:  # a fresh branch
-            new_ids, new_text = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"]), ""
+            new_text = ""
+            new_ids, train_inputs, new_images = images_lib.tokenize_turn(self.ctx, prompt_text, refs)
         elif prompt_text.startswith(session.rendered):
             new_text = session.bridge + prompt_text[len(session.rendered) :]
-            new_ids = list(tokenizer(new_text, add_special_tokens=False)["input_ids"])
+            new_ids, train_inputs, new_images = images_lib.tokenize_turn(self.ctx, new_text, refs)
         else:  # the route never sends a call to a branch it does not extend
             raise AssertionError(f"branch {session.id} does not hold the prompt's history")
         left = session.budget - session.response_length - (len(new_ids) if session.tokens else 0)
@@ -287,6 +292,8 @@ class OpenAIEndpoint:
         rid = f"openai-{session.id}-{len(session.turns)}"
         input_ids = session.tokens + new_ids
         payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True, "rid": rid}
+        if session.images or new_images:
+            payload["image_data"] = images_lib.image_data(session.images + new_images)
         session.inflight = rid
         try:
             out = await gen.post_generate(self.ctx, payload, on_ids=on_ids)
@@ -313,7 +320,10 @@ class OpenAIEndpoint:
         ids = [int(t[1]) for t in meta["output_token_logprobs"]]
         lps = [float(t[0]) for t in meta["output_token_logprobs"]]
         text = tokenizer.decode(ids, skip_special_tokens=False)
-        return Generated(input_ids, new_ids, new_text, prompt_text, ids, lps, text, reason, meta)
+        turn = Generated(input_ids, new_ids, new_text, prompt_text, ids, lps, text, reason, meta)
+        turn.images, turn.train_inputs = new_images, train_inputs
+        turn.image_keys = [images_lib.image_key(r) for r in refs]
+        return turn
 
     def keep(self, conv: Conversation, session: ChatSession, turn: Generated, shown: str, bridge: str | None = None) -> None:  # fmt: skip
         """The branch takes the turn, answered: its tokens, the conversation as the template shows it with the reply

@@ -27,6 +27,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from buffer.multimodal import merge_train_inputs
 from slime_like.core.sample import Sample
 
 _SENTINEL = "\u2063SLIME_LIKE_TURN\u2063"
@@ -93,6 +94,9 @@ class Generated:
     text: str  # the sampled ids decoded
     reason: dict[str, Any]  # SGLang's finish reason, its "type" always set
     meta: dict[str, Any] = field(repr=False, default_factory=dict)
+    images: list[Any] = field(repr=False, default_factory=list)  # images the new ids hold (openai_images.py)
+    image_keys: list[str] = field(default_factory=list)
+    train_inputs: dict[str, Any] | None = field(repr=False, default=None)  # the processor's tensors of `images`
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ class ChatSession:
     marks: list[Mark] = field(default_factory=list, repr=False)  # the state after each turn, for branching
     inherited: int = 0  # leading response tokens copied from the branch this one forked from (trained there)
     reprefill: bool = False  # a fork or a later fresh branch: the next appended tokens are prefilled again
+    images: list[Any] = field(default_factory=list, repr=False)  # every image its tokens hold, in order
+    image_keys: list[str] = field(default_factory=list)  # their identities (openai_images.image_key)
+    train_inputs: dict[str, Any] | None = field(default=None, repr=False)  # the processor's tensors of `images`
 
     @property
     def response_length(self) -> int:
@@ -154,6 +161,9 @@ class ChatSession:
         else:
             self.tokens, self.prompt_length, self.prompt_text = list(turn.new_ids), len(turn.new_ids), turn.prompt_text
         self.append(turn.ids, turn.text, turn.log_probs, turn.meta)
+        if turn.images:
+            self.images, self.image_keys = self.images + turn.images, self.image_keys + turn.image_keys
+            self.train_inputs = merge_train_inputs([self.train_inputs, turn.train_inputs])
         self.turns.append(Turn(turn.input_ids, turn.ids, turn.log_probs, turn.reason["type"], turn.meta))
         if turn.reason["type"] == "length" and self.response_length >= self.budget:
             self.truncated = True
@@ -204,6 +214,9 @@ class ChatSession:
         if self.turns:
             version = self.turns[-1].meta_info.get("weight_version")
             sample.weight_version = int(version) if version is not None and str(version).isdigit() else None
+        if self.images:
+            sample.multimodal_inputs = {"images": list(self.images)}
+            sample.multimodal_train_inputs = self.train_inputs
         sample.metadata["openai_turns"] = len(self.turns)
         if self.drift:
             sample.metadata["openai_template_drift"] = self.drift
@@ -269,12 +282,18 @@ class Conversation:
             out.append((branch, target))
         return out
 
-    def route(self, prompt_text: str, tokenizer: Any) -> Route:
-        """The branch a call with this prompt text continues, forking or starting one when it continues none.
+    def route(self, prompt_text: str, tokenizer: Any, image_keys: list[str] | None = None) -> Route:
+        """The branch a call with this prompt text (and images) continues, forking or starting one when it
+        continues none. A branch holding images is only extended, by a call whose images start with its own.
 
         Pure decision plus the new branch object; registering and counting is the caller's."""
         best: tuple[int, int, ChatSession, Any] | None = None  # (chars shared, extends, branch, how)
+        keys = list(image_keys or [])
         for branch in self.branches:
+            if branch.images and (branch.lock.locked() or keys[: len(branch.image_keys)] != branch.image_keys):
+                continue
+            if branch.images and not (branch.turns and prompt_text.startswith(branch.rendered)):
+                continue
             if branch.turns and prompt_text.startswith(branch.rendered):
                 how: Any = "extend" if not branch.lock.locked() else len(branch.marks) - 1
                 candidate = (len(branch.rendered), int(how == "extend"), branch, how)

@@ -46,6 +46,29 @@ async def generate(ctx, sample, params):
     append_model_tokens(sample, out)
     sample.status, _ = finish_status(ctx, out)
     return sample
+
+
+async def agent(base_url, api_key, sample):
+    \"\"\"An OpenAI SDK agent: an image in the first message, a second image in the next user turn.\"\"\"
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    first = mm.image_data_url(sample.multimodal_inputs["images"][0])
+    second = mm.image_data_url(mm.load_image(sample.metadata["second_image"]))
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": first}}, {"type": "text", "text": "How many squares?"}]}]
+    for url in (second, None):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4, temperature=1.0)
+        if url is None:
+            break
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "And now?"}]}]
+
+
+async def openai_generate(ctx, sample, params):
+    from plugins.openai_agent import run_openai_agent
+
+    return await run_openai_agent(ctx, sample, params, agent, timeout=60.0)
 """
 
 
@@ -98,7 +121,7 @@ def manager(tiny_qwen2_5_vl: Path, task: Path, vlm_server: SGLangServer) -> Iter
             "--hf-checkpoint", str(tiny_qwen2_5_vl), "--prompt-data", str(task / "geo.parquet"),
             "--input-key", "problem", "--label-key", "answer", "--multimodal-keys", '{"image": "images"}',
             "--apply-chat-template", "--rollout-batch-size", "2", "--n-samples-per-prompt", str(N),
-            "--num-rollout", "2", "--rollout-max-response-len", "6", "--rollout-temperature", "1.0",
+            "--num-rollout", "2", "--rollout-max-response-len", "40", "--rollout-temperature", "1.0",
             "--output-dir", str(task / "out"),
         ]
     )  # fmt: skip
@@ -107,22 +130,31 @@ def manager(tiny_qwen2_5_vl: Path, task: Path, vlm_server: SGLangServer) -> Iter
     m.shutdown()
 
 
+def _given(sample: Sample) -> list[int]:
+    """The positions of tokens the model did not sample (the prompt, inserted turns)."""
+    response = sample.loss_mask or [0] * sample.response_length
+    return list(range(sample.prompt_length)) + [sample.prompt_length + i for i, m in enumerate(response) if not m]
+
+
 def hf_log_probs(model_path: Path, sample: Sample) -> list[float]:
-    """transformers' log-probs of the sample's response tokens given its ids and images, fp32."""
+    """transformers' log-probs of the sample's response tokens given its ids and images, fp32. The images' features
+    go where the processor put image tokens; a pad token the random model sampled stays a token, as SGLang serves it
+    (transformers would take every pad token for an image's)."""
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
     ids = torch.tensor([sample.tokens])
-    image_token = model.config.image_token_id
+    image = torch.zeros_like(ids, dtype=torch.bool)
+    image[0, _given(sample)] = ids[0, _given(sample)] == model.config.image_token_id
     inputs = sample.multimodal_train_inputs
     with torch.no_grad():
-        logits = model(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
-            mm_token_type_ids=(ids == image_token).long(),  # transformers 5 needs it for the image's M-RoPE positions
-        ).logits[0]
+        core = model.model
+        embeds = core.get_input_embeddings()(ids)
+        features = core.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+        embeds[image] = torch.cat(features)
+        # transformers 5 places the images by mm_token_type_ids (their M-RoPE positions)
+        positions, _ = core.get_rope_index(ids, mm_token_type_ids=image.long(), image_grid_thw=inputs["image_grid_thw"])
+        logits = model(inputs_embeds=embeds, position_ids=positions, attention_mask=torch.ones_like(ids)).logits[0]
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     start = sample.prompt_length
     return [log_probs[start - 1 + i, t].item() for i, t in enumerate(sample.tokens[start:])]
@@ -132,7 +164,8 @@ def _check_images(sample: Sample, processor, n_images: int) -> None:
     grid = sample.multimodal_train_inputs["image_grid_thw"]
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert len(sample.multimodal_inputs["images"]) == n_images == grid.shape[0]
-    assert sample.tokens.count(pad) == int(grid.prod(dim=1).sum()) // 4  # one token per merged 2x2 patch block
+    given = [sample.tokens[i] for i in _given(sample)]  # not sampled (the random model may sample a pad)
+    assert given.count(pad) == int(grid.prod(dim=1).sum()) // 4  # one token per merged 2x2 patch block
     assert sample.multimodal_train_inputs["pixel_values"].shape[0] == int(grid.prod(dim=1).sum())
 
 
@@ -161,6 +194,21 @@ def test_an_image_between_turns(manager: RolloutManager, tiny_qwen2_5_vl: Path) 
     for sample in (s for g in groups for s in g):
         _check_images(sample, processor, 2)
         assert sample.loss_mask.count(0) > 0 and sum(sample.loss_mask) == 8  # two answers of 4; the turn masked
+        ours = hf_log_probs(tiny_qwen2_5_vl, sample)
+        trained = [(a, b) for a, b, m in zip(ours, sample.rollout_log_probs, sample.loss_mask, strict=True) if m]
+        assert max(abs(a - b) for a, b in trained) < TOLERANCE
+
+
+def test_an_openai_agent_sends_images(manager: RolloutManager, tiny_qwen2_5_vl: Path) -> None:
+    """Chat Completions image_url parts on the agents' endpoint: the branch keeps both images, exact tokens."""
+    manager.args.custom_generate_function_path = "vlm_turns.openai_generate"
+    manager.hooks = load_hooks(manager.args)
+    groups, _ = manager.generate(1)
+    processor = mm.load_processor(str(tiny_qwen2_5_vl))
+    for sample in (s for g in groups for s in g):
+        assert sample.status != Status.FAILED, sample.metadata
+        _check_images(sample, processor, 2)
+        assert sum(sample.loss_mask) == 8 and sample.metadata["openai_turns"] == 2
         ours = hf_log_probs(tiny_qwen2_5_vl, sample)
         trained = [(a, b) for a, b, m in zip(ours, sample.rollout_log_probs, sample.loss_mask, strict=True) if m]
         assert max(abs(a - b) for a, b in trained) < TOLERANCE

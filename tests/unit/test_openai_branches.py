@@ -130,14 +130,18 @@ def test_samples_give_the_final_branch_to_the_sample_and_mask_inherited_tokens()
     assert (sample.metadata["openai_branch"], other.metadata["openai_branch"]) == (0, 1)
 
 
-def test_text_parts_are_joined_and_other_parts_refused() -> None:
+def test_text_parts_are_joined_images_kept_and_other_parts_refused() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     assert plain_messages([{"role": "user", "content": parts}, {"role": "assistant"}]) == [
         {"role": "user", "content": "a\nb"},
         {"role": "assistant", "content": ""},
     ]
-    with pytest.raises(EndpointError, match="image_url"):
-        plain_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    image = [{"type": "image_url", "image_url": {"url": "data:x"}}, {"type": "text", "text": "a"}]
+    assert plain_messages([{"role": "user", "content": image}]) == [
+        {"role": "user", "content": [{"type": "image", "image": "data:x"}, {"type": "text", "text": "a"}]}
+    ]
+    with pytest.raises(EndpointError, match="file"):
+        plain_messages([{"role": "user", "content": [{"type": "file", "file": {"file_id": "x"}}]}])
 
 
 def test_an_agent_run_s_extra_branches_take_its_reward_and_go_when_its_group_restarts() -> None:
