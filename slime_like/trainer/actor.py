@@ -86,6 +86,8 @@ class TrainActor:
             "local_kernels": local_kernels_from_args(
                 args, cuda=torch.cuda.is_available(), transformer_engine=transformer_engine_available()
             ),
+            # A VL model's vision tower trains in runs that read images (--multimodal-keys); frozen otherwise.
+            "train_vision": bool(getattr(args, "multimodal_keys", None)),
         }
         # Colocated on GPU, what is built in this region leaves the GPU while the servers generate.
         self.memory = TrainerOffload(args.offload_train, rebuild_groups=True)

@@ -257,11 +257,10 @@ def test_vision_paths_not_built_are_named_at_start() -> None:
 
     qwen3_vl = AutoConfig.for_model("qwen3_vl")
     assert "vision path is not built yet" in family_problem("/ckpt", qwen3_vl)
-    qwen3_5 = Qwen3_5Config()
-    assert family_problem("/ckpt", qwen3_5) is None  # its text model trains
-    problem = family_problem("/ckpt", qwen3_5, images=True)
-    assert problem.startswith("--multimodal-keys with --hf-checkpoint /ckpt: model_type 'qwen3_5': its vision tower")
+    assert family_problem("/ckpt", Qwen3_5Config(), images=True) is None
     assert family_problem("/ckpt", AutoConfig.for_model("qwen2_5_vl"), images=True) is None
+    problem = family_problem("/ckpt", AutoConfig.for_model("qwen3"), images=True)
+    assert problem.startswith("--multimodal-keys with --hf-checkpoint /ckpt: model_type 'qwen3': it is a text-only")
 
 
 def test_checkpoint_with_module_names_is_refused_with_the_fix(tmp_path) -> None:
@@ -272,3 +271,58 @@ def test_checkpoint_with_module_names_is_refused_with_the_fix(tmp_path) -> None:
     save_file({"model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors")
     with pytest.raises(KeyError, match="transformers 4.52-4.57's names .* save_pretrained it again"):
         HFCheckpoint(tmp_path).get("model.layers.0.mlp.up_proj.weight", "decoder.layers.0.mlp.linear_fc1.weight")
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_with_images_matches_transformers(moe, tiny_qwen3, megatron_world, tmp_path):
+    """Qwen3.5's hybrid text model with interleaved mrope beside its vision tower (model.visual.*): packed log-probs
+    of two image sequences equal transformers', a step moves the tower (frozen in a run without images), and the
+    export plus the untouched MTP tensors is the checkpoint, bit-exactly."""
+    import json
+
+    import transformers
+
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.model import untrained_hf_weights
+    from slime_like.trainer.megatron.optimizer import OptimizerSettings
+    from tests.megatron.tiny_families import make_qwen3_5
+
+    hf_dir = make_qwen3_5(tmp_path / "qwen3_5", tiny_qwen3, moe=moe)
+    config = json.loads((hf_dir / "config.json").read_text())  # the vision special tokens inside the tiny vocabulary
+    config.update(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    vision = config["vision_config"]
+    patch = vision.get("patch_size", 16) ** 2 * vision.get("temporal_patch_size", 2) * 3
+    samples = []
+    for (tokens, images), seed in zip(SAMPLES, (3, 4), strict=True):
+        pixels = torch.randn(images["pixel_values"].shape[0], patch, generator=torch.Generator().manual_seed(seed))
+        samples.append((tokens, {"pixel_values": pixels, "image_grid_thw": images["image_grid_thw"]}))
+    model = transformers.AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    expected = []
+    for tokens, images in samples:
+        ids = torch.tensor([tokens])
+        with torch.no_grad():
+            logits = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE).int(), **images).logits[0]
+        expected.append(torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None])[:, 0])
+
+    engine = MegatronTrainEngine(hf_dir, OptimizerSettings(lr=1e-2), max_tokens_per_micro_batch=4096)
+    got = engine.forward_logprobs([t for t, _ in samples], multimodal=[m for _, m in samples])
+    for ours, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    original = safetensors_of(hf_dir)
+    exported = {n: t.clone() for n, t in engine.export_hf_weights()}
+    assert any(n.startswith("model.visual.blocks.0.") for n in exported)
+    assert sorted({**exported, **dict(untrained_hf_weights(engine.bridge))}) == sorted(original)
+    assert all(torch.equal(t, original[n]) for n, t in exported.items())
+    data = _train_data()
+    data.multimodal_train_inputs = [m for _, m in samples]
+    for train_vision in (True, False):
+        trainer = (
+            engine if train_vision else MegatronTrainEngine(hf_dir, OptimizerSettings(lr=1e-2), train_vision=False)
+        )
+        trainer.train_step(data.tokens, data, _sum_logprob_loss)
+        after = dict(trainer.export_hf_weights())
+        moved = not torch.equal(
+            after["model.visual.patch_embed.proj.weight"], original["model.visual.patch_embed.proj.weight"]
+        )
+        assert moved == train_vision

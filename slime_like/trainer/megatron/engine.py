@@ -90,6 +90,7 @@ class MegatronTrainEngine:
         mtp_loss_scaling_factor: float = 0.2,
         lora: lora_lib.LoraSettings | None = None,
         freeze: Callable[..., None] | None = None,
+        train_vision: bool = True,
         **config_overrides: Any,
     ) -> None:
         """Build the model from an HF checkpoint (after init_parallel); optimizer=None: forward only.
@@ -99,7 +100,8 @@ class MegatronTrainEngine:
         layout: the micro-batch layout (choose_layout; None picks the fast one for the attention used).
         mtp_layers > 0 builds and trains that many multi-token-prediction layers (mtp.py, --enable-mtp-training).
         lora: LoRA adapters on the linear layers, the base frozen and the optimizer over the adapters only (lora.py).
-        freeze: an mbridge post-creation callback that sets requires_grad (the freeze flags, trainer/train_options.py).
+        freeze: an mbridge post-creation callback that sets requires_grad (the freeze flags, trainer/train_options.py);
+        train_vision=False freezes a VL model's vision tower too (vision_language.freeze_tower).
         """
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import finalize_model_grads
@@ -130,8 +132,7 @@ class MegatronTrainEngine:
                 lora.dropout,
             )
             callbacks.append(lora_lib.lora_callback(lora))
-        if freeze is not None:
-            callbacks.append(freeze)
+        callbacks += [c for c in (freeze, None if train_vision else vl_lib.freeze_tower) if c is not None]
         if callbacks:
             self.bridge.get_model = partial(self.bridge.get_model, post_model_creation_callbacks=callbacks)
         if mtp_layers:
@@ -141,9 +142,7 @@ class MegatronTrainEngine:
         distributed_optimizer = optimizer is not None and optimizer.use_distributed_optimizer
         self.model = model_lib.build_model(self.bridge, optimizer is not None, distributed_optimizer)
         self.mtp = mtp_lib.MTPTraining(self.model, mtp_layers, mtp_loss_scaling_factor) if mtp_layers else None
-        self.vision = vl_lib.is_vision_language(self.model)
-        if self.vision and self.cp_size > 1:
-            raise ValueError("--context-parallel-size > 1 is not supported for vision-language models yet: use 1")
+        self.vision = vl_lib.is_vision_language(self.model, self.cp_size)
         with value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
         self.optimizer = self.scheduler = None

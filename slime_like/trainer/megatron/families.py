@@ -164,7 +164,20 @@ def _qwen3_next(prefix: str, in_proj: Rule) -> dict[str, Rule]:
 
 
 _Q35 = "model.language_model"  # Qwen3.5 checkpoints hold the text model here (beside model.visual and mtp)
+_Q35V = "model.visual.blocks.{layer}"
+# Qwen3.5's vision tower (transformers' Qwen3_5VisionModel, vision_language.py): Megatron names are the checkpoint's.
+_QWEN3_5_VISION = {
+    name: _copy(name)
+    for name in (
+        *(f"model.visual.patch_embed.proj.{p}" for p in ("weight", "bias")),
+        "model.visual.pos_embed.weight",
+        *(f"{_Q35V}.{m}.{p}" for m in ("norm1", "norm2", "attn.qkv", "attn.proj") for p in ("weight", "bias")),
+        *(f"{_Q35V}.mlp.linear_fc{i}.{p}" for i in (1, 2) for p in ("weight", "bias")),
+        *(f"model.visual.merger.{m}.{p}" for m in ("norm", "linear_fc1", "linear_fc2") for p in ("weight", "bias")),
+    )
+}
 _QWEN3_5 = {
+    **_QWEN3_5_VISION,
     "embedding.word_embeddings.weight": Rule((f"{_Q35}.embed_tokens.weight",), "vocab"),
     "decoder.final_layernorm.weight": _copy(f"{_Q35}.norm.weight"),
     "output_layer.weight": Rule(("lm_head.weight",), "vocab"),
@@ -248,11 +261,11 @@ def _families() -> dict[str, Family]:
             ("qwen2_5_vl", "qwen2_5_vl_text"),
             Family(f"{_VL}:Qwen2_5VLBridge", {**_DENSE_GQA, **_QWEN2_5_VISION}),
         ),
-        # Qwen3.5 / 3.6: Qwen3-Next's layers (in_proj split in four) under text_config; the bridge holds the text
-        # config (model_type qwen3_5_text / qwen3_5_moe_text); the vision tower is not built.
-        **dict.fromkeys(
-            ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), Family(f"{_OURS}:Qwen3_5Bridge", _QWEN3_5)
-        ),
+        # Qwen3.5 / 3.6: Qwen3-Next's layers (in_proj split in four) under text_config, beside transformers' vision
+        # tower (vision_language.py); the bridge holds the text config (model_type qwen3_5_text / qwen3_5_moe_text,
+        # whose own checkpoints have no tower).
+        **dict.fromkeys(("qwen3_5", "qwen3_5_moe"), Family(f"{_VL}:Qwen3_5VLBridge", _QWEN3_5)),
+        **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text"), Family(f"{_OURS}:Qwen3_5Bridge", _QWEN3_5)),
     }
 
 
@@ -283,9 +296,7 @@ VISION_NOT_BUILT = {
     "glm4v": "GLM-4.1V",
     "glm4v_moe": "GLM-4.5V",
 }
-# Registered families whose checkpoints hold a vision tower the trainer leaves out (it trains their text model).
-TEXT_ONLY_OF_VL = ("qwen3_5", "qwen3_5_moe")
-VISION_BUILT = ("qwen2_5_vl",)
+VISION_BUILT = ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe")
 
 
 def vision_problem(hf_config: Any) -> str | None:
@@ -293,11 +304,7 @@ def vision_problem(hf_config: Any) -> str | None:
     model_type = getattr(hf_config, "model_type", None)
     if model_type in VISION_BUILT:
         return None
-    why = (
-        "its vision tower is not built by the trainer yet (it trains the text model only)"
-        if model_type in TEXT_ONLY_OF_VL or model_type in VISION_NOT_BUILT
-        else "it is a text-only model"
-    )
+    why = "its vision path is not built yet" if model_type in VISION_NOT_BUILT else "it is a text-only model"
     return (
         f"model_type {model_type!r}: {why}; the trainer's vision path is built for {', '.join(VISION_BUILT)}. "
         "Train a Qwen2.5-VL checkpoint on image data, or drop --multimodal-keys to train on text"

@@ -25,9 +25,9 @@ from slime_like.trainer.megatron.families import Rule, is_vision_name, rules_for
 from slime_like.trainer.megatron.lora import is_adapter_param
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-# MiMo's own place for its MTP layers; Qwen3-Next and Qwen3.5 keep theirs (fc, norms, layers) under mtp., and
-# Qwen3.5's vision tower (model.visual, not built: the trainer runs the text model) passes through the same way.
-_HF_MTP_LAYER = re.compile(r"^(model\.mtp_layers\.\d+|mtp|model\.visual)\.")
+# MiMo's own place for its MTP layers; Qwen3-Next and Qwen3.5 keep theirs (fc, norms, layers) under mtp. (Qwen3.5's
+# vision tower, model.visual, is built: vision_language.py.)
+_HF_MTP_LAYER = re.compile(r"^(model\.mtp_layers\.\d+|mtp)\.")
 
 
 def untrained_hf_names(names: Iterable[str], hf_config: Any) -> list[str]:

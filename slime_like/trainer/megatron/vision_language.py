@@ -2,21 +2,23 @@
 
 A VL family's model chunk is a GPTModel subclass (VisionLanguageGPTModel) holding, on the first pipeline stage, the
 Hugging Face vision module built from the checkpoint's vision_config under the name the checkpoint stores it
-(`visual.*` for Qwen2.5-VL), so loading, export, checkpoints and weight sync use the HF names as they are
-(families.py maps them as plain copies). The language model keeps GPTModel's names.
+(`visual.*` for Qwen2.5-VL, `model.visual.*` for Qwen3.5 / 3.6), so loading, export, checkpoints and weight sync use the
+HF names as they are (families.py maps them as plain copies). The language model keeps GPTModel's names (Qwen2's layers
+for Qwen2.5-VL, the hybrid gated-delta-net layers of bridges.Qwen3_5Bridge for Qwen3.5).
 
 Forward of one micro-batch: the vision tower turns the micro-batch's `pixel_values` / `image_grid_thw` (the
 processor's tensors of its sequences, concatenated in sequence order: micro_batch_inputs) into image embeddings,
 scattered into the word embeddings at the image-pad tokens (row-major order = sequence order), then GPTModel runs
-with `decoder_input` and Qwen2.5-VL's 3-D multimodal rope (position_embedding_type "mrope"): positions per sequence
+with `decoder_input` and the 3-D multimodal rope (position_embedding_type "mrope"; Qwen3.5 interleaves the T/H/W
+frequencies: InterleavedMultimodalRotaryEmbedding): positions per sequence
 from its token ids and image grids (mrope_positions, transformers' get_rope_index), sequences found in a packed row
 where their 1-D positions restart at 0.
 
 Parallelism: the tower is replicated on every TP rank (its inputs and the gradient reaching its output are the same
 there, so its gradients are too), its parameters are ordinary DDP parameters (reduced over DP with the LM's, in the
 optimizer with them), and Megatron counts them once in the grad norm (not tensor-parallel). Freeze it with slime's
-`--freeze-params-name-list visual`. Not built: videos, context parallel, and the vision paths of Qwen3-VL / Qwen3.5
-(Qwen3.5 trains its text model; an image sample for it is refused).
+`--freeze-params-name-list visual`; a run without --multimodal-keys freezes it (freeze_tower). Not built: videos,
+context parallel, and Qwen3-VL (deepstack features into the first layers).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import Any
 
 import torch
 from mbridge.models.qwen2 import Qwen2Bridge
+from megatron.core.models.common.embeddings.rotary_pos_embedding import MultimodalRotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 
 from slime_like.core.hf_config import text_config
-from slime_like.trainer.megatron.bridges import fix_hf_config, rope_parameters
+from slime_like.trainer.megatron.bridges import Qwen3_5Bridge, fix_hf_config, rope_parameters
 
 # The processor's tensors the trainer feeds the model (slime's Sample.multimodal_train_inputs); other keys (e.g.
 # mm_token_type_ids) are not needed: positions come from the token ids.
@@ -37,11 +40,21 @@ IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
 
 
+# model_type -> (transformers module, vision class, where the checkpoint stores the tower: the Megatron name too).
+TOWERS = {
+    "qwen2_5_vl": ("qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel", "visual"),
+    "qwen3_5": ("qwen3_5.modeling_qwen3_5", "Qwen3_5VisionModel", "model.visual"),
+    "qwen3_5_moe": ("qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeVisionModel", "model.visual"),
+}
+
+
 def _vision_tower(vl_config: Any, dtype: torch.dtype) -> torch.nn.Module:
     """The transformers vision module of a VL config (random init; the checkpoint's weights are loaded after)."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    import importlib
 
-    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(vl_config.vision_config)
+    module, name, _ = TOWERS[vl_config.model_type]
+    tower_class = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+    tower = tower_class._from_config(vl_config.vision_config)
     tower.to(dtype=dtype)
     for param in tower.parameters():  # replicated over TP (Megatron's default attributes say so explicitly)
         param.tensor_model_parallel = False
@@ -106,15 +119,52 @@ def mrope_positions(
     return out.to(input_ids.device)
 
 
+class InterleavedMultimodalRotaryEmbedding(MultimodalRotaryEmbedding):
+    """Qwen3.5's multimodal rope: the frequencies of temporal, height and width interleaved (T H W T H W ... T T)
+    instead of Megatron's (and Qwen2.5-VL's) consecutive sections (transformers' apply_interleaved_mrope)."""
+
+    def forward(self, position_ids: torch.Tensor, mrope_section: list[int], cp_group: Any = None) -> torch.Tensor:
+        """[seq, rows, 1, 2 * dim] rope frequencies of [3, rows, seq] positions."""
+        seq = position_ids.to(device=self.inv_freq.device, dtype=torch.float32)
+        if self.seq_len_interpolation_factor is not None:
+            seq = seq / self.seq_len_interpolation_factor
+        inv_freq = self.inv_freq[None, None, :, None].expand(3, seq.shape[1], -1, 1)
+        freqs = (inv_freq @ seq[:, :, None, :]).transpose(2, 3)  # [3, rows, seq, dim]
+        mixed = freqs[0].clone()
+        for axis in (1, 2):
+            mixed[..., axis : mrope_section[axis] * 3 : 3] = freqs[axis, ..., axis : mrope_section[axis] * 3 : 3]
+        return torch.cat((mixed, mixed), dim=-1)[..., None, :].transpose(0, 1).contiguous()
+
+
 class VisionLanguageGPTModel(GPTModel):
     """GPTModel with a transformers vision tower whose image embeddings replace the image-pad tokens' embeddings."""
 
-    def __init__(self, *args: Any, vl_config: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, vl_config: Any, mrope_interleaved: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, scatter_embedding_sequence_parallel=False, **kwargs)
         self.image_token_id = int(vl_config.image_token_id)
         self.spatial_merge_size = int(vl_config.vision_config.spatial_merge_size)
-        # Qwen2.5-VL checkpoints store the tower as visual.* (Megatron name == HF name).
-        self.visual = _vision_tower(vl_config, self.config.params_dtype) if self.pre_process else None
+        if mrope_interleaved:
+            old = self.rotary_pos_emb
+            self.rotary_pos_emb = InterleavedMultimodalRotaryEmbedding(
+                kv_channels=self.config.kv_channels,
+                rotary_percent=kwargs.get("rotary_percent", 1.0),
+                seq_len_interpolation_factor=kwargs.get("seq_len_interpolation_factor"),
+                rotary_base=kwargs.get("rotary_base", 10000),
+            )
+            self.rotary_pos_emb.inv_freq = self.rotary_pos_emb.inv_freq.to(old.inv_freq.device)
+        # The tower under the name the checkpoint stores it (Megatron name == HF name): visual.* or model.visual.*.
+        self.tower_path = TOWERS[vl_config.model_type][2]
+        tower = _vision_tower(vl_config, self.config.params_dtype) if self.pre_process else None
+        if self.tower_path == "model.visual":
+            self.model = torch.nn.Module()
+            self.model.visual = tower
+        else:
+            self.visual = tower
+
+    @property
+    def tower(self) -> torch.nn.Module:
+        """The vision tower (first pipeline stage)."""
+        return self.model.visual if self.tower_path == "model.visual" else self.visual
 
     def _image_embeddings(
         self, input_ids: torch.Tensor, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None
@@ -129,7 +179,7 @@ class VisionLanguageGPTModel(GPTModel):
                     "missing (the rollout must set them, slime's contract)"
                 )
             return embeddings
-        tower = self.visual
+        tower = self.tower
         images = tower(pixel_values.to(tower.dtype), grid_thw=image_grid_thw).pooler_output
         count = int(is_image.sum())
         if count != images.shape[0]:
@@ -197,34 +247,34 @@ def check_text_only_loss(
             )
 
 
-def is_vision_language(model: Sequence[torch.nn.Module]) -> bool:
-    """Whether the model chunks are a VL model (VisionLanguageGPTModel)."""
-    return isinstance(_unwrapped(model), VisionLanguageGPTModel)
+def is_vision_language(model: Sequence[torch.nn.Module], cp_size: int = 1) -> bool:
+    """Whether the model chunks are a VL model (VisionLanguageGPTModel); a ValueError for one with context parallel."""
+    vision = isinstance(_unwrapped(model), VisionLanguageGPTModel)
+    if vision and cp_size > 1:
+        raise ValueError("--context-parallel-size > 1 is not supported for vision-language models yet: use 1")
+    return vision
 
 
-class Qwen2_5VLBridge(Qwen2Bridge):
-    """Qwen2.5-VL (qwen2_5_vl): Qwen2's language model (qkv bias) from text_config with 3-D mrope, beside the
-    transformers vision tower (VisionLanguageGPTModel). The bridge's hf_config is the text config; vl_config the whole."""
+def _mrope_config(config: Any, hf_text_config: Any, family: str) -> Any:
+    """The TransformerConfig with the text config's mrope_section (rope fusion off: Megatron fuses 1-D rope only)."""
+    rope = rope_parameters(hf_text_config)
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
+        raise ValueError(f"rope_type {rope.get('rope_type')!r} in the HF config: {family} runs plain mrope only")
+    if "mrope_section" not in rope:
+        raise ValueError(f"the HF config's rope_parameters have no mrope_section: not a {family} text config")
+    config.mrope_section = list(rope["mrope_section"])
+    config.apply_rope_fusion = False
+    return config
 
-    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
-        self.vl_config = hf_config
-        text = text_config(hf_config)
-        fix_hf_config(text)
-        super().__init__(text, *args, **kwargs)
 
-    def _build_config(self) -> Any:
-        rope = rope_parameters(self.hf_config)
-        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
-            raise ValueError(f"rope_type {rope.get('rope_type')!r} in the HF config: Qwen2.5-VL runs plain mrope only")
-        if "mrope_section" not in rope:
-            raise ValueError("the HF config's rope_parameters have no mrope_section: not a Qwen2.5-VL text config")
-        config = super()._build_config()
-        config.mrope_section = list(rope["mrope_section"])
-        config.apply_rope_fusion = False
-        return config
+class VisionLanguageBridge:
+    """Mixin of a VL family's bridge: mrope GPTModel arguments and a provider of VisionLanguageGPTModel chunks.
+    The bridge's hf_config is the text config; vl_config the whole (set by the family's __init__)."""
+
+    vl_config: Any
 
     def _get_gptmodel_args(self) -> dict:
-        args = super()._get_gptmodel_args()
+        args = super()._get_gptmodel_args()  # type: ignore[misc]
         args.update(position_embedding_type="mrope", rotary_base=rope_parameters(self.hf_config)["rope_theta"])
         return args
 
@@ -233,6 +283,7 @@ class Qwen2_5VLBridge(Qwen2Bridge):
         import math
 
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        interleaved = bool(rope_parameters(self.hf_config).get("mrope_interleaved", False))
 
         def provider(pre_process: bool, post_process: bool, vp_stage: int | None = None) -> GPTModel:
             spec = self._get_transformer_layer_spec(vp_stage)
@@ -251,6 +302,7 @@ class Qwen2_5VLBridge(Qwen2Bridge):
                 post_process=post_process,
                 share_embeddings_and_output_weights=tied,
                 vl_config=self.vl_config,
+                mrope_interleaved=interleaved,
                 **args,
             )
             for callback in post_model_creation_callbacks:
@@ -264,6 +316,39 @@ class Qwen2_5VLBridge(Qwen2Bridge):
             return model
 
         return provider
+
+
+class Qwen2_5VLBridge(VisionLanguageBridge, Qwen2Bridge):
+    """Qwen2.5-VL (qwen2_5_vl): Qwen2's language model (qkv bias) from text_config with 3-D mrope, beside the
+    transformers vision tower (VisionLanguageGPTModel)."""
+
+    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
+        self.vl_config = hf_config
+        text = text_config(hf_config)
+        fix_hf_config(text)
+        super().__init__(text, *args, **kwargs)
+
+    def _build_config(self) -> Any:
+        return _mrope_config(super()._build_config(), self.hf_config, "Qwen2.5-VL")
+
+
+class Qwen3_5VLBridge(VisionLanguageBridge, Qwen3_5Bridge):
+    """Qwen3.5 / 3.6 with their vision tower (qwen3_5, qwen3_5_moe): Qwen3_5Bridge's hybrid text model with
+    interleaved 3-D mrope on its partial rope, beside transformers' Qwen3.5 vision model (model.visual.*)."""
+
+    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
+        self.vl_config = hf_config
+        super().__init__(hf_config, *args, **kwargs)
+
+    def _build_config(self) -> Any:
+        return _mrope_config(super()._build_config(), self.hf_config, "Qwen3.5")
+
+
+def freeze_tower(model: torch.nn.Module, **_: Any) -> None:
+    """An mbridge post-creation callback freezing the vision tower (a run without images: nothing would train it,
+    and AdamW's decoupled weight decay would still shrink it)."""
+    if isinstance(model, VisionLanguageGPTModel) and model.pre_process:
+        model.tower.requires_grad_(False)
 
 
 def _unwrapped(model: Sequence[torch.nn.Module]) -> torch.nn.Module:
@@ -289,7 +374,6 @@ def refuse_images(multimodal: Sequence[dict[str, Any] | None], hf_config: Any) -
     if any(inputs and inputs.get(key) is not None for inputs in multimodal for key in IMAGE_KEYS + VIDEO_KEYS):
         raise ValueError(
             f"image inputs reached the trainer, but this model ({getattr(hf_config, 'model_type', None)}) is built "
-            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL (qwen2_5_vl) only; Qwen3.5 "
-            "trains its text model and Qwen3-VL is not supported yet. Train a Qwen2.5-VL checkpoint, or drop "
-            "--multimodal-keys to train on text"
+            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL and Qwen3.5 (qwen2_5_vl, "
+            "qwen3_5, qwen3_5_moe). Train one of those, or drop --multimodal-keys to train on text"
         )
