@@ -21,6 +21,7 @@ import functools
 import io
 import json
 import re
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -221,14 +222,27 @@ def sample_images(sample: Any) -> list[Any]:
     return list(inputs.get("images") or [])
 
 
+# Data URLs of live images by id: a group's samples share their images, and every turn of a sample sends them all
+# again; an entry goes when its image does.
+_URLS: dict[int, tuple[Any, str]] = {}
+
+
 def image_data_url(image: Any) -> str:
     """An image as SGLang's `image_data` takes it: a PNG data URL (slime's encode_image_for_rollout_engine)."""
     if isinstance(image, str) and image.startswith("data:"):
         return image
-    image = load_image(image)
+    key = id(image)
+    cached = _URLS.get(key)
+    if cached is not None and cached[0]() is image:
+        return cached[1]
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    load_image(image).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    try:
+        _URLS[key] = (weakref.ref(image, lambda _, k=key: _URLS.pop(k, None)), url)
+    except TypeError:  # bytes, paths: nothing to follow
+        pass
+    return url
 
 
 def prompt_inputs(processor: Any, prompt: str | list[dict[str, Any]], images: list[Any], chat_template_kwargs=None):
