@@ -41,6 +41,12 @@ ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 LORA_FLAGS = ("--enable-lora", "--lora-paths")
 # SGLang's default LoRA backend (csgmv) and triton run Triton kernels; its torch_native backend runs on CPU.
 CPU_LORA_BACKEND = "torch_native"
+# SGLang's torch.distributed rendezvous (a TCPStore on host:--nccl-port, also with one rank) binds a port that SGLang
+# otherwise asks the OS for (get_free_port) when it starts and binds seconds later in its scheduler: a port from the
+# ephemeral range, where any outgoing connection on the machine can take it as its source port meanwhile, and the
+# server dies at start ("EADDRINUSE"). The server gets one drawn below that range, as its HTTP port is
+# (slime_like/core/process.py, LISTEN_PORTS).
+NCCL_PORT_FLAG = "--nccl-port"
 # SGLang starts its scheduler and detokenizer with multiprocessing's spawn (sglang/srt/entrypoints/engine.py), so each
 # imports torch, transformers and SGLang again: two interpreters' imports, ~7 CPU-seconds each, on a machine whose
 # trainer starts at the same time. Without CUDA nothing forbids fork, and forked children start with what the
@@ -132,6 +138,7 @@ class SGLangServer:
         self.node_rank = node_rank  # > 0: one node's share of a multi-node engine, with only a /health endpoint
         # Every request but /health must carry it (SGLang's --api-key); None: this process's run secret, if any.
         self.api_key = api_key if api_key is not None else run_secret()
+        self.nccl_port: int | None = None  # its torch.distributed rendezvous port (NCCL_PORT_FLAG), once drawn
         self.process: ManagedProcess | None = None
 
     @property
@@ -166,6 +173,8 @@ class SGLangServer:
         else:
             cmd = [sys.executable, "-m", module]
         cmd += ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port)]
+        if NCCL_PORT_FLAG not in self.extra_args:
+            cmd += [NCCL_PORT_FLAG, str(self._nccl_port())]
         if on_cpu:
             cmd += CPU_FLAGS
             env.update(CPU_ENV)
@@ -190,6 +199,12 @@ class SGLangServer:
         if on_cpu and lora and "--lora-backend" not in self.extra_args:
             cmd += ["--lora-backend", CPU_LORA_BACKEND]
         return cmd + self.extra_args, env
+
+    def _nccl_port(self) -> int:
+        """The rendezvous port, drawn once from LISTEN_PORTS (never the HTTP port)."""
+        while self.nccl_port is None or self.nccl_port == self.port:
+            self.nccl_port = free_port(self.host)
+        return self.nccl_port
 
     def _tp_size(self) -> int:
         """The --tp-size among the extra arguments (1 when absent)."""
