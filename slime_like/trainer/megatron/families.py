@@ -219,6 +219,21 @@ def is_vision_name(key: str) -> bool:
     return key.startswith(_VISION_PREFIXES)
 
 
+# Qwen3-VL: Qwen3's text model under model.language_model, Qwen3.5's vision tower names plus its deepstack mergers.
+_QWEN3_VL = {
+    **{
+        key: Rule(tuple(n.replace("model.", "model.language_model.", 1) for n in rule.hf), rule.kind)
+        for key, rule in {**_DENSE_GQA, **_QK_NORM}.items()
+    },
+    **_QWEN3_5_VISION,
+    **{
+        f"model.visual.deepstack_merger_list.{i}.{m}.{p}": _copy(f"model.visual.deepstack_merger_list.{i}.{m}.{p}")
+        for i in range(8)
+        for m in ("norm", "linear_fc1", "linear_fc2")
+        for p in ("weight", "bias")
+    },
+}
+
 _MBRIDGE = "mbridge.models"
 _OURS = "slime_like.trainer.megatron.bridges"
 _VL = "slime_like.trainer.megatron.vision_language"
@@ -261,6 +276,9 @@ def _families() -> dict[str, Family]:
             ("qwen2_5_vl", "qwen2_5_vl_text"),
             Family(f"{_VL}:Qwen2_5VLBridge", {**_DENSE_GQA, **_QWEN2_5_VISION}),
         ),
+        # Qwen3-VL (dense): Qwen3's layers under text_config with interleaved mrope, beside transformers' vision tower
+        # whose deepstack features enter the first layers (vision_language.py).
+        **dict.fromkeys(("qwen3_vl", "qwen3_vl_text"), Family(f"{_VL}:Qwen3VLBridge", _QWEN3_VL)),
         # Qwen3.5 / 3.6: Qwen3-Next's layers (in_proj split in four) under text_config, beside transformers' vision
         # tower (vision_language.py); the bridge holds the text config (model_type qwen3_5_text / qwen3_5_moe_text,
         # whose own checkpoints have no tower).
@@ -290,13 +308,12 @@ _VISION_BLOCK = re.compile(r"(?<=^visual\.blocks\.)(\d+)(?=\.)|(?<=^model\.visua
 
 # Vision-language families whose vision path the trainer does not build yet (vision_language.py builds Qwen2.5-VL's).
 VISION_NOT_BUILT = {
-    "qwen3_vl": "Qwen3-VL",
     "qwen3_vl_moe": "Qwen3-VL-MoE",
     "qwen2_vl": "Qwen2-VL",
     "glm4v": "GLM-4.1V",
     "glm4v_moe": "GLM-4.5V",
 }
-VISION_BUILT = ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe")
+VISION_BUILT = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
 
 
 def vision_problem(hf_config: Any) -> str | None:

@@ -2,32 +2,34 @@
 
 A VL family's model chunk is a GPTModel subclass (VisionLanguageGPTModel) holding, on the first pipeline stage, the
 Hugging Face vision module built from the checkpoint's vision_config under the name the checkpoint stores it
-(`visual.*` for Qwen2.5-VL, `model.visual.*` for Qwen3.5 / 3.6), so loading, export, checkpoints and weight sync use the
-HF names as they are (families.py maps them as plain copies). The language model keeps GPTModel's names (Qwen2's layers
-for Qwen2.5-VL, the hybrid gated-delta-net layers of bridges.Qwen3_5Bridge for Qwen3.5).
+(`visual.*` for Qwen2.5-VL, `model.visual.*` for Qwen3-VL and Qwen3.5 / 3.6), so loading, export, checkpoints and
+weight sync use the HF names as they are (families.py maps them as plain copies). The language model keeps GPTModel's
+names (Qwen2's layers for Qwen2.5-VL, Qwen3's for Qwen3-VL, bridges.Qwen3_5Bridge's hybrid layers for Qwen3.5).
 
 Forward of one micro-batch: the vision tower turns the micro-batch's `pixel_values` / `image_grid_thw` (the
 processor's tensors of its sequences, concatenated in sequence order: micro_batch_inputs) into image embeddings,
 scattered into the word embeddings at the image-pad tokens (row-major order = sequence order), then GPTModel runs
-with `decoder_input` and the 3-D multimodal rope (position_embedding_type "mrope"; Qwen3.5 interleaves the T/H/W
-frequencies: InterleavedMultimodalRotaryEmbedding): positions per sequence
-from its token ids and image grids (mrope_positions, transformers' get_rope_index), sequences found in a packed row
-where their 1-D positions restart at 0.
+with `decoder_input` and the 3-D multimodal rope (position_embedding_type "mrope"; Qwen3-VL and Qwen3.5 interleave
+the T/H/W frequencies: InterleavedMultimodalRotaryEmbedding): positions per sequence from its token ids and image grids
+(mrope_positions, transformers' get_rope_index), sequences found in a packed row where their 1-D positions restart at 0.
 
 Parallelism: the tower is replicated on every TP rank (its inputs and the gradient reaching its output are the same
 there, so its gradients are too), its parameters are ordinary DDP parameters (reduced over DP with the LM's, in the
 optimizer with them), and Megatron counts them once in the grad norm (not tensor-parallel). Freeze it with slime's
 `--freeze-params-name-list visual`; a run without --multimodal-keys freezes it (freeze_tower). Not built: videos,
-context parallel, and Qwen3-VL (deepstack features into the first layers).
+context parallel, Qwen3-VL-MoE; Qwen3-VL's deepstack features (added after the first layers by forward hooks) need
+those layers on the first pipeline stage and no sequence parallel or full recompute.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from mbridge.models.qwen2 import Qwen2Bridge
+from mbridge.models.qwen3 import Qwen3Bridge
 from megatron.core.models.common.embeddings.rotary_pos_embedding import MultimodalRotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 
@@ -43,6 +45,7 @@ VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
 # model_type -> (transformers module, vision class, where the checkpoint stores the tower: the Megatron name too).
 TOWERS = {
     "qwen2_5_vl": ("qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel", "visual"),
+    "qwen3_vl": ("qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionModel", "model.visual"),
     "qwen3_5": ("qwen3_5.modeling_qwen3_5", "Qwen3_5VisionModel", "model.visual"),
     "qwen3_5_moe": ("qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeVisionModel", "model.visual"),
 }
@@ -160,6 +163,40 @@ class VisionLanguageGPTModel(GPTModel):
             self.model.visual = tower
         else:
             self.visual = tower
+        self._deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # this forward's (mask, features)
+        self._hook_deepstack(len(getattr(vl_config.vision_config, "deepstack_visual_indexes", None) or []))
+
+    def _hook_deepstack(self, count: int) -> None:
+        """Qwen3-VL: after decoder layer i < count, add the tower's i-th deepstack features at the image tokens."""
+        if not count:
+            return
+        local = {layer.layer_number - 1: layer for layer in self.decoder.layers}
+        config = self.config
+        if not all(i in local for i in range(count)) and (self.pre_process or any(i in local for i in range(count))):
+            raise ValueError(f"Qwen3-VL's deepstack features enter layers 0-{count - 1}: keep them on the first stage")
+        if (
+            config.sequence_parallel
+            or config.recompute_granularity == "full"
+            or config.virtual_pipeline_model_parallel_size
+        ):
+            raise ValueError(
+                "Qwen3-VL's deepstack features are added by hooks on the first layers: --sequence-parallel, "
+                "--recompute-granularity full and virtual pipeline stages are not supported with them yet"
+            )
+        for i in range(count):
+            if i in local:
+                local[i].register_forward_hook(partial(self._add_deepstack, i))
+
+    def _add_deepstack(self, index: int, module: torch.nn.Module, inputs: Any, output: Any) -> Any:
+        """Forward hook of decoder layer `index`: its output plus the deepstack features at the image tokens."""
+        if self._deepstack is None:
+            return output
+        mask, features = self._deepstack
+        hidden = output[0] if isinstance(output, tuple) else output
+        added = torch.zeros_like(hidden).masked_scatter(
+            mask[..., None].expand_as(hidden), features[index].to(hidden.dtype)
+        )
+        return (hidden + added, *output[1:]) if isinstance(output, tuple) else hidden + added
 
     @property
     def tower(self) -> torch.nn.Module:
@@ -180,12 +217,15 @@ class VisionLanguageGPTModel(GPTModel):
                 )
             return embeddings
         tower = self.tower
-        images = tower(pixel_values.to(tower.dtype), grid_thw=image_grid_thw).pooler_output
+        out = tower(pixel_values.to(tower.dtype), grid_thw=image_grid_thw)
+        images = out.pooler_output
+        if getattr(out, "deepstack_features", None):  # Qwen3-VL: added after the first layers (_add_deepstack)
+            self._deepstack = (is_image.transpose(0, 1), list(out.deepstack_features))
         count = int(is_image.sum())
         if count != images.shape[0]:
             raise ValueError(
-                f"{count} image tokens but {images.shape[0]} image embeddings from the vision tower: the prompt's image "
-                "tokens and the sample's pixel_values / image_grid_thw disagree"
+                f"{count} image tokens but {images.shape[0]} image embeddings from the vision tower: the prompt's "
+                "image tokens and the sample's pixel_values / image_grid_thw disagree"
             )
         mask = is_image.transpose(0, 1)[..., None].expand_as(embeddings)
         return embeddings.masked_scatter(mask, images.to(embeddings.dtype))
@@ -209,7 +249,10 @@ class VisionLanguageGPTModel(GPTModel):
                 from megatron.core import tensor_parallel
 
                 decoder_input = tensor_parallel.scatter_to_sequence_parallel_region(decoder_input)
-        return super().forward(input_ids, rope, attention_mask, decoder_input, *args, **kwargs)
+        try:
+            return super().forward(input_ids, rope, attention_mask, decoder_input, *args, **kwargs)
+        finally:
+            self._deepstack = None
 
 
 def micro_batch_inputs(
@@ -332,6 +375,20 @@ class Qwen2_5VLBridge(VisionLanguageBridge, Qwen2Bridge):
         return _mrope_config(super()._build_config(), self.hf_config, "Qwen2.5-VL")
 
 
+class Qwen3VLBridge(VisionLanguageBridge, Qwen3Bridge):
+    """Qwen3-VL (qwen3_vl, dense): Qwen3's language model (QK norm) from text_config with interleaved 3-D mrope, beside
+    transformers' Qwen3-VL vision tower, whose deepstack features enter the first layers (VisionLanguageGPTModel)."""
+
+    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
+        self.vl_config = hf_config
+        text = text_config(hf_config)
+        fix_hf_config(text)
+        super().__init__(text, *args, **kwargs)
+
+    def _build_config(self) -> Any:
+        return _mrope_config(super()._build_config(), self.hf_config, "Qwen3-VL")
+
+
 class Qwen3_5VLBridge(VisionLanguageBridge, Qwen3_5Bridge):
     """Qwen3.5 / 3.6 with their vision tower (qwen3_5, qwen3_5_moe): Qwen3_5Bridge's hybrid text model with
     interleaved 3-D mrope on its partial rope, beside transformers' Qwen3.5 vision model (model.visual.*)."""
@@ -374,6 +431,7 @@ def refuse_images(multimodal: Sequence[dict[str, Any] | None], hf_config: Any) -
     if any(inputs and inputs.get(key) is not None for inputs in multimodal for key in IMAGE_KEYS + VIDEO_KEYS):
         raise ValueError(
             f"image inputs reached the trainer, but this model ({getattr(hf_config, 'model_type', None)}) is built "
-            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL and Qwen3.5 (qwen2_5_vl, "
-            "qwen3_5, qwen3_5_moe). Train one of those, or drop --multimodal-keys to train on text"
+            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL, Qwen3-VL and Qwen3.5 "
+            "(qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_5_moe). Train one of those, or drop --multimodal-keys to train "
+            "on text"
         )
