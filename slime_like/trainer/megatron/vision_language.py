@@ -85,6 +85,9 @@ def mrope_positions(
     grids = iter([] if image_grid_thw is None else image_grid_thw.cpu().tolist())
     starts = position_ids.cpu() == 0
     for row in range(rows):
+        if not bool((ids[row] == image_token_id).any()):  # text only: the 1-D positions on all three axes
+            out[:, row] = position_ids[row].cpu()
+            continue
         is_image = (ids[row] == image_token_id).tolist()
         row_starts = starts[row].tolist()
         current, i = 0, 0
