@@ -16,7 +16,7 @@ FLAG = "--custom-convert-samples-to-train-data-path"
 REQUIRED = ("tokens", "response_lengths", "rewards", "loss_masks", "sample_indices")
 # Keys slime's trainer reads for logging or features we compute elsewhere: accepted and not used (docs/plugins.md).
 IGNORED = ("raw_reward", "truncated", "round_number", "rollout_ids", "rollout_mask_sums", "metadata")
-OPTIONAL = ("rollout_log_probs", "rollout_routed_experts", "teacher_log_probs")
+OPTIONAL = ("rollout_log_probs", "rollout_routed_experts", "teacher_log_probs", "multimodal_train_inputs")
 
 
 def convert_hook(fn: Callable[..., Any]) -> Callable[[Any, list[list[Sample]]], TrainData]:
@@ -65,7 +65,7 @@ def train_data_from_slime(data: dict[str, Any], groups: list[list[Sample]]) -> T
         out.weight_versions.append(sample.weight_version)
         log_probs = data.get("rollout_log_probs")
         out.rollout_log_probs.append(None if log_probs is None else [float(x) for x in _as_list(log_probs[row])])
-    for key in ("rollout_routed_experts", "teacher_log_probs"):
+    for key in ("rollout_routed_experts", "teacher_log_probs", "multimodal_train_inputs"):  # per row, as given
         if key in data:
             setattr(out, key, list(data[key]))
     return out

@@ -48,7 +48,7 @@ def test_without_rollout_log_probs_rows_have_none() -> None:
         ({"rewards": [1.0]}, "'rewards' has 1 entries, 'tokens' has 2"),
         ({"sample_indices": [3, 9]}, r"sample_indices\[1\] = 9 is not a sample of this rollout"),
         ({"loss_masks": [[1, 1], [0]]}, r"loss_masks\[0\] has 2 entries for response length 1"),
-        ({"multimodal_train_inputs": [None, None]}, r"cannot train with \['multimodal_train_inputs'\]"),
+        ({"multimodal_inputs": [None, None]}, r"cannot train with \['multimodal_inputs'\]"),
     ],
 )
 def test_bad_dicts_name_the_flag_and_the_key(change: dict[str, object], message: str) -> None:
@@ -66,3 +66,9 @@ def test_the_hook_gets_flat_samples_and_must_return_a_dict() -> None:
     assert len(convert_hook(convert)(object(), groups())) == 2 and seen == [[0, 1, 2, 3]]
     with pytest.raises(TypeError, match="must return a dict"):
         convert_hook(lambda args, samples: [])(object(), groups())
+
+
+def test_image_tensors_train_as_given() -> None:
+    """slime's converter passes each sample's multimodal_train_inputs (pixel_values, image_grid_thw) per row."""
+    images = [{"pixel_values": [[0.5]], "image_grid_thw": [[1, 2, 2]]}, None]
+    assert train_data_from_slime(slime_dict(multimodal_train_inputs=images), groups()).multimodal_train_inputs == images
