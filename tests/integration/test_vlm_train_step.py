@@ -53,22 +53,32 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server(tiny_qwen2_5_vl: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
-    served = SGLangServer(tiny_qwen2_5_vl, dtype="float32", log_dir=tmp_path_factory.mktemp("vlm-train-logs"))
+@pytest.fixture(params=["qwen2_5_vl", "qwen3_vl"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint of each VL family (Qwen3-VL: interleaved mrope, deepstack, model.visual.* names)."""
+    if request.param == "qwen2_5_vl":
+        return request.getfixturevalue("tiny_qwen2_5_vl")
+    from tests.conftest import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory, request.param)
+
+
+@pytest.fixture
+def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
+    served = SGLangServer(checkpoint, dtype="float32", log_dir=tmp_path_factory.mktemp("vlm-train-logs"))
     try:
         yield served.start()
     finally:
         served.stop()
 
 
-def test_image_rows_train_and_update_the_vision_tower(tiny_qwen2_5_vl, rows, server, monkeypatch) -> None:
+def test_image_rows_train_and_update_the_vision_tower(checkpoint, rows, server, monkeypatch) -> None:
     from slime_like.trainer.actor import TrainActor
     from slime_like.trainer.weights.check import check_servers
     from slime_like.trainer.weights.tensor import TensorTransport
 
     args = parse_args(
-        ["--hf-checkpoint", str(tiny_qwen2_5_vl), "--prompt-data", str(rows / "rows.parquet"), "--input-key", "problem",
+        ["--hf-checkpoint", str(checkpoint), "--prompt-data", str(rows / "rows.parquet"), "--input-key", "problem",
          "--label-key", "answer", "--multimodal-keys", '{"image": "images"}', "--apply-chat-template",
          "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
          "--rollout-max-response-len", "6", "--rollout-temperature", "1.0", "--lr", "3e-2", "--use-kl-loss",
@@ -88,7 +98,7 @@ def test_image_rows_train_and_update_the_vision_tower(tiny_qwen2_5_vl, rows, ser
             sample.reward = float(k == 0)
     data = build_train_data(groups)
     assert data.tokens == [list(s.tokens) for s in samples]  # trained ids == sampled ids
-    pad = _image_token(tiny_qwen2_5_vl)
+    pad = _image_token(checkpoint)
     for tokens, length, images in zip(data.tokens, data.response_lengths, data.multimodal_train_inputs, strict=True):
         assert pad in tokens[: len(tokens) - length] and pad not in tokens[len(tokens) - length :]
         assert images["pixel_values"].shape[0] == int(images["image_grid_thw"].prod(-1).sum())
@@ -101,14 +111,16 @@ def test_image_rows_train_and_update_the_vision_tower(tiny_qwen2_5_vl, rows, ser
     assert metrics["train/kl_loss"] == 0.0  # and so did the reference's
     assert metrics["train/train_rollout_logprob_abs_diff"] < TOLERANCE  # Megatron's log-probs equal SGLang's
     after = dict(engine.export_hf_weights())
-    assert not torch.equal(after["visual.blocks.0.attn.qkv.weight"], before["visual.blocks.0.attn.qkv.weight"])
+    tower = next(n for n in after if n.endswith("visual.blocks.0.attn.qkv.weight"))
+    assert not torch.equal(after[tower], before[tower])
 
     transport = TensorTransport([server.url], 64 * 1024, timeout_s=60)
     try:
         transport.update(engine.export_hf_weights(), 1)
         assert check_servers(engine, [server.url], TOLERANCE, rank=0, when="after the update to version 1") < TOLERANCE
         actor.train(1, data)  # the weights move again; the server gets all but the vision tower
-        transport.update(((n, t) for n, t in engine.export_hf_weights() if not n.startswith("visual.")), 2)
+        text = ((n, t) for n, t in engine.export_hf_weights() if not n.startswith(("visual.", "model.visual.")))
+        transport.update(text, 2)
         with pytest.raises(WeightUpdateError, match="after the update to version 2"):
             check_servers(engine, [server.url], TOLERANCE, rank=0, when="after the update to version 2")
     finally:
