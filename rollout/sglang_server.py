@@ -35,6 +35,11 @@ CPU_MAX_TOTAL_TOKENS = 65536
 # its circuit breaker takes the engine out for 60 s (seen in scripts/bench/bench_fully_async.py's sync loop, whose
 # log-prob + train + update took ~4-5 s). The server keeps idle connections longer than the router pools them.
 KEEP_ALIVE_ENV = {"SGLANG_TIMEOUT_KEEP_ALIVE": "3600"}
+# SGLang caches each image's vision-tower embedding by the image's hash, across weight updates: after an update that
+# trains the tower, an image seen again (every eval, every later epoch, the weight check's probe) would be served with
+# the old tower's embedding (the demo's train/rollout log-prob mismatch jumped from 1e-7 to ~1 at its second epoch).
+# No cache for vision-language servers, as slime's patched SGLang does for RL (rl_on_policy_target).
+VLM_ENV = {"SGLANG_VLM_CACHE_SIZE_MB": "0"}
 # On CPU, SGLang's routed-experts capture (R3) and its LoRA manager need their host tensors unpinned, and on every
 # device a LoRA server gets the one-request adapter swap: rollout/sglang_launch.py says why.
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
@@ -162,7 +167,9 @@ class SGLangServer:
         lora = any(flag in self.extra_args for flag in LORA_FLAGS)
         # LoRA servers (any device) for the one-request adapter swap; on CPU R3 too, for the unpinning hooks;
         # vision-language checkpoints for token-in with images (rollout/sglang_vlm.py).
-        hooked = lora or (on_cpu and ROUTED_EXPERTS_FLAG in self.extra_args) or is_vision_language(self.model_path)
+        vision = is_vision_language(self.model_path)
+        env |= {k: v for k, v in VLM_ENV.items() if vision and k not in os.environ}
+        hooked = lora or (on_cpu and ROUTED_EXPERTS_FLAG in self.extra_args) or vision
         module = "rollout.sglang_launch" if hooked else "sglang.launch_server"
         if on_cpu:  # the key (if any) in the environment: a command line is world-readable on the node
             cmd = [sys.executable, "-c", LAUNCH_FORKED_ON_CPU, module]
