@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -184,5 +184,16 @@ def pull_on_engine_hosts(local: str, source: str, target: int, chain: str, timeo
             "delta weight sync applies each version on the rollout hosts through the engine actors this run starts, "
             "and none was found: --update-weight-mode delta needs engines started by this run (not external ones)"
         )
-    refs = [ray.get_actor(n).pull_weights.remote(local, source, target, chain) for n in names]
-    return ray.get(refs, timeout=timeout)
+    refs = []
+    for name in names:
+        with suppress(ValueError):  # its engine was taken out since the listing: it catches up when restarted
+            refs.append(ray.get_actor(name).pull_weights.remote(local, source, target, chain))
+    reports = []
+    for ref in refs:
+        try:
+            report = ray.get(ref, timeout=timeout)
+        except ray.exceptions.RayActorError:  # died with its engine (taken out by the fleet, which restarts it)
+            continue
+        if report is not None:  # None: a restarted engine not started yet (rollout/catch_up.py brings it up to date)
+            reports.append(report)
+    return reports

@@ -110,10 +110,12 @@ class EngineNode:
         """Whether `path` exists on this node (the disk transport needs a filesystem shared with the trainer)."""
         return os.path.exists(path)
 
-    def pull_weights(self, local: str, source: str, version: int, chain: str) -> dict[str, Any]:
-        """Delta weight sync: bring this host's copy of the model at `local` to a published version (delta_pull.py)."""
+    def pull_weights(self, local: str, source: str, version: int, chain: str) -> dict[str, Any] | None:
+        """Delta weight sync: bring this host's copy of the model at `local` to a published version (delta_pull.py);
+        None before the engine was created (a restart under way: it is brought to the current version before it
+        serves). It runs beside a start under way (the actor is threaded): the pull only touches files."""
         if self.server is None:
-            raise EngineError("pull_weights before the engine started: the local checkpoint seeds from its model")
+            return None
         return {"host": self.host, **pull(local, self.server.model_path, source, version, chain)}
 
     def stop(self) -> int | None:
@@ -132,6 +134,7 @@ class Engine:
     pids: list[int | None] = field(default_factory=list)
     dead: bool = False  # failed a health check: out of the router, its processes stopped
     joining: bool = False  # restarted: serves once the next weight update has given it the trainer's weights
+    version: int = 0  # the weight version it holds (0: its checkpoint)
 
     def describe(self) -> str:
         """`engine i: URL on node ... (+ nodes ...)` for the start-up placement lines."""
@@ -172,9 +175,11 @@ def start_engines(
     use_gpu: bool,
     env: dict[str, str],
     indices: list[int] | None = None,
+    named: bool = True,
 ) -> list[Engine]:
     """Create every engine's actors on their nodes, start all SGLang processes at once and wait; on any failure
-    stop what started and raise, naming the engine and its nodes. `indices` numbers them (default 0, 1, ...)."""
+    stop what started and raise, naming the engine and its nodes. `indices` numbers them (default 0, 1, ...); `named`:
+    their actors are found by delta weight sync (the policy's; a frozen group's take no weights)."""
     remote = ray.remote(EngineNode)
     env = {**env, **(NOSET_VISIBLE_DEVICES if use_gpu else {})}
     engines = []
@@ -183,7 +188,9 @@ def start_engines(
         actors = [
             # Named, so delta weight sync finds every host of every engine (rollout/delta_pull.py).
             remote.options(
-                name=f"{ENGINE_NODE_PREFIX}{index}:{rank}:{uuid.uuid4().hex[:8]}",
+                name=f"{ENGINE_NODE_PREFIX}{index}:{rank}:{uuid.uuid4().hex[:8]}" if named else None,
+                # A pull (file work on the host) or a liveness check must not wait behind a start under way.
+                max_concurrency=4,
                 **slot_options(p[0], ENGINE_SHARE, use_gpu, env),
             ).remote()
             for rank, p in enumerate(parts)

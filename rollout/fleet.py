@@ -1,8 +1,9 @@
 """The engine fleet: the SGLang engines of one model group and the router in front of them.
 
 One owner for their lifetime (start, stop), their health (--use-fault-tolerance: a monitor thread per engine set and
-one for the router), recovery (dead engines restart before a weight update and join after it; a dead router restarts,
-on its port when free) and the monitors' pause state while weights move. The rollout proper (rollout/manager.py)
+one for the router), recovery (a dead engine restarts at once on its own thread, tried again until it is back; a
+policy engine joins the router once it holds the current weights, from rollout/catch_up.py or the next weight
+update; a dead router restarts, on its port when free) and the monitors' pause state while weights move. The rollout proper (rollout/manager.py)
 only reads the router's URL and the servers' URLs from it.
 """
 
@@ -22,6 +23,7 @@ import ray
 from rollout import sglang_client as client
 from rollout.arguments import server_dtype
 from rollout.engines import Engine, EngineLaunch, start_engines, start_router, stop_engines
+from rollout.fleet_restarts import EngineRestarts
 from rollout.health import HealthMonitor
 from rollout.router import SGLangRouter
 from slime_like.core.cluster import Slot
@@ -53,7 +55,7 @@ def policy_spec(args: Any) -> FleetSpec:
     )
 
 
-class EngineFleet:
+class EngineFleet(EngineRestarts):
     """The engines of one model group and their router: started here, or servers started elsewhere (`attach`)."""
 
     def __init__(self, args: Any, spec: FleetSpec) -> None:
@@ -73,6 +75,11 @@ class EngineFleet:
         self._closing = False
         self._heal_lock = threading.Lock()  # one `heal` at a time (the health thread and the weight update both heal)
         self.updating = False  # between `recover` and `rejoin`: the health checks are paused
+        self.version = 0  # the weight version the engines in the router hold
+        self._targets: list[Engine] = []  # the engines the weight update under way was given
+        self._restart_lock = threading.RLock()  # held while dead engines restart or restarted ones catch up
+        self._restarter: threading.Thread | None = None  # restarts dead engines as soon as they are found
+        self._stopping = threading.Event()  # set when the fleet stops: the restart thread ends
         self._server_urls: list[str] = []
         self.router_url: str | None = None
 
@@ -94,7 +101,7 @@ class EngineFleet:
             startup_timeout=self.args.sglang_startup_timeout,
         )
         self._use_gpu, self._env = use_gpu, env
-        self.engines = start_engines(self._launch, engine_slots, use_gpu, env)
+        self.engines = start_engines(self._launch, engine_slots, use_gpu, env, named=spec.update_weights)
         try:
             self._server_urls = [e.url for e in self.engines]
             self.router, self.router_url = start_router(self._server_urls, self.args.router_policy, self.log_dir, env)
@@ -141,6 +148,7 @@ class EngineFleet:
     def stop_monitors(self) -> None:
         """From now on nothing is restarted (shutting down)."""
         self._closing = True
+        self._stopping.set()
         for monitor in (self.monitor, self.router_monitor):
             if monitor is not None:
                 monitor.stop()
@@ -186,22 +194,21 @@ class EngineFleet:
         return None
 
     def _engine_failed(self, engine: Engine, error: Exception, what: str = "failed its health check") -> None:
-        """Take a failed engine out of the router and stop its processes; it restarts before the next update."""
+        """Take a failed engine out of the router and stop its processes; it restarts at once (`restart_soon`)."""
         with self._engines_lock:
             if engine.dead or engine not in self.engines:
                 return
             engine.dead = True
             self.engine_failures += 1
-        logger.warning("%s%s %s (%s): taken out of the router, restarted before the next weight update",
-                       self._name(), engine.describe(), what, error)  # fmt: skip
+        logger.warning("%s%s %s (%s): taken out of the router and restarted", self._name(), engine.describe(), what,
+                       error)  # fmt: skip
         if self.router is not None and not engine.joining:  # a restarted one waiting for weights was never in it
             try:
                 ray.get(self.router.remove_worker.remote(engine.url), timeout=60)
             except Exception as exc:  # the router may have dropped it already
                 logger.warning("removing %s from the router: %r", engine.url, exc)
         stop_engines([engine], timeout=30)
-        if not self.spec.update_weights and not self._closing:
-            self.heal(wait=False)  # a frozen group needs no weights: back at once (unless a heal runs already)
+        self.restart_soon()
 
     def heal(self, wait: bool = True) -> int:
         """A frozen group (teacher, reward model): restart its dead engines now and put them straight back into its
@@ -232,24 +239,14 @@ class EngineFleet:
         for engine, error in zip(live, errors, strict=True):
             if error is not None:
                 self._engine_failed(engine, error)
-        with self._engines_lock:
-            dead = [e for e in self.engines if e.dead]
-        if dead:
-            slots = [[slot for part in e.slots for slot in part] for e in dead]
-            fresh = start_engines(self._launch, slots, self._use_gpu, self._env, [e.index for e in dead])
-            with self._engines_lock:
-                for new in fresh:
-                    new.joining = True
-                    self.engines[new.index] = new
-                    when = "after this weight update" if self.spec.update_weights else "again now"
-                    logger.info("%srestarted %s; it serves %s", self._name(), new.describe(), when)
-            self.engines_restarted += len(fresh)
-            self._server_urls = [e.url for e in self.engines]
+        with self._restart_lock:  # after a restart under way on the restart thread
+            self._restart_dead()
+            self._targets = [e for e in self.engines if not e.dead]
         return self.server_urls()
 
     def verdict(self, urls: list[str], cause: str) -> list[str]:
         """A weight update failed (`cause`): check the engines at `urls` (processes running, HTTP answering: /health
-        hangs while paused); each that fails is taken out and restarts before the next update. The URLs still alive."""
+        hangs while paused); each that fails is taken out and restarts at once. The URLs still alive."""
         engines = [e for e in self.engines if e.url in urls and not e.dead]
         with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
             errors = list(pool.map(self._reachable, engines))
@@ -274,27 +271,25 @@ class EngineFleet:
         """The servers not taken out (all of them when started elsewhere)."""
         return [e.url for e in self.engines if not e.dead] if self.engines else self.server_urls()
 
-    def rejoin(self) -> int:
-        """After a weight update: restarted engines (now at the trainer's weights) join the router; the health
-        checks resume. Returns how many joined."""
-        with self._router_lock:
-            joining = [e for e in self.engines if e.joining]
-            for engine in joining:
-                engine.joining = False
-            joining = [e for e in joining if not e.dead]  # died before its update: restarts before the next one
-            if self.router is not None:
-                try:
-                    for engine in joining:
-                        ray.get(self.router.add_worker.remote(engine.url))
-                except Exception as exc:
-                    if self._router_answers():
-                        raise  # the engine's fault, not the router's
-                    self._restart_router(exc)  # registers every live engine, these included
-        for monitor in (self.monitor, self.router_monitor):
-            if monitor is not None:
-                monitor.resume()
-        self.updating = False
-        return len(joining)
+    def rejoin(self, version: int | None = None) -> int:
+        """After a weight update to `version` (None: a frozen group's heal): the engines it reached hold it; restarted
+        ones among them join the router; the health checks resume. Returns how many joined."""
+        if self.spec.update_weights:
+            self.version = self.version if version is None else version
+            for engine in self._targets:
+                engine.version = self.version
+        self._targets = []
+        try:
+            joined = self._join([e for e in self.engines if e.joining and not e.dead and
+                                 (not self.spec.update_weights or e.version == self.version)])  # fmt: skip
+        finally:
+            for monitor in (self.monitor, self.router_monitor):
+                if monitor is not None:
+                    monitor.resume()
+            self.updating = False
+        if any(e.dead or e.joining for e in self.engines):  # died meanwhile, or restarted too late for this update
+            self.restart_soon()
+        return joined
 
     # --- router health ---
 

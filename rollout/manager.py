@@ -185,9 +185,9 @@ class RolloutManager:
         """A weight update failed: the engines of `urls` the fleet still counts alive (dead ones taken out)."""
         return self.fleet.verdict(urls, cause)
 
-    def rejoin_engines(self) -> int:
-        """After a weight update: restarted engines join the router; how many joined."""
-        return self.fleet.rejoin()
+    def rejoin_engines(self, version: int | None = None) -> int:
+        """After a weight update to `version`: restarted engines that hold it join the router; how many joined."""
+        return self.fleet.rejoin(version)
 
     def release_memory(self) -> None:
         """Colocated on GPU: free the servers' weights and KV cache while the trainer runs."""

@@ -217,7 +217,7 @@ class Run:
             self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir, self._fleet()
         )
         if self.args.use_fault_tolerance:  # the restarted ones now hold these weights: they may serve
-            ray.get(self.rollout.rejoin_engines.remote())
+            ray.get(self.rollout.rejoin_engines.remote(rollout_id + 1))
         self.weights_pushed = True
         self._offload_trainer()
         if getattr(self, "release_train", False) and self.last_save is not None:
@@ -426,6 +426,6 @@ class Run:
         finally:  # a failed update still lets generation go on (a paused server would hang every request)
             self.wait(self.rollout.continue_generation.remote(rollout_id + 1), "generation continued")
         if args.use_fault_tolerance:
-            ray.get(self.rollout.rejoin_engines.remote())
+            ray.get(self.rollout.rejoin_engines.remote(rollout_id + 1))
         self.weights_pushed = True
         return time.monotonic() - start

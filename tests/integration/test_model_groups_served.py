@@ -1,7 +1,8 @@
 """--sglang-config in a real run: the tiny policy and a teacher (another tiny model, same tokenizer) served as two model
 groups, each with its own engines and router, placed by Ray. The teacher scores every sampled token through slime's
 on-policy-distillation reward (its --rm-url is the teacher group's router); a teacher engine killed mid-run is
-restarted by the fault-tolerance monitor; the policy's weight updates never reach the teacher."""
+restarted by the fault-tolerance monitor, and so is one killed inside a policy weight update (paused: a hook,
+tests/integration/update_fault_hook.py); the policy's weight updates never reach the teacher."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slime_like.trainer.weights.base import HOOK_ENV
 from tests.conftest import REPO_ROOT
 from tests.integration.test_fault_tolerance import steps_done, wait_for
 
@@ -62,7 +64,10 @@ sglang:
         "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "5",
         "--check-weight-update", "--save-debug-rollout-data", "--output-dir", str(out), "--ray-num-cpus", "4",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "UPDATE_FAULT_DIR": str(out),
+        HOOK_ENV: "tests.integration.update_fault_hook.kill_at", "UPDATE_FAULT_KILLS": "3:paused:teacher",
+    }  # fmt: skip
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -83,7 +88,10 @@ sglang:
     train = [r for r in records if "train/loss" in r]
     assert len(train) == ROLLOUTS
     assert all(r["rollout/groups_failed"] == 0 and r["train/opd_reverse_kl"] != 0 for r in train)
-    assert max(r.get("rollout/teacher/engines_restarted", 0) for r in records) == 1
+    # Killed mid-run, then inside the policy's update to version 3: restarted each time with its own checkpoint.
+    assert (out / "kill-3-paused-teacher.json").exists()
+    assert output.count("model group 'teacher': restarted engine 0") == 2, output[-6000:]
+    assert max(r.get("rollout/teacher/engines_restarted", 0) for r in records) == 2
     assert max(r.get("rollout/engines_restarted", 0) for r in records) == 0  # the policy's engine never died
     # The policy's engine took every update (the check compares it with the trainer: before rollout 0, then each).
     assert output.count("servers match the trainer") >= ROLLOUTS, output[-6000:]

@@ -2,7 +2,8 @@
 
 UPDATE_FAULT_KILLS="2:start,4:sending" kills, at weight version 2's "start" and version 4's "sending", the engine
 serving the update's last URL (its pid from UPDATE_FAULT_DIR/placement.json), waits until its port refuses, and
-records the kill as UPDATE_FAULT_DIR/kill-<version>-<phase>.json.
+records the kill as UPDATE_FAULT_DIR/kill-<version>-<phase>.json. "3:paused:teacher" kills the engine model group
+"teacher" (--sglang-config) has in its router at version 3's pause (recorded as kill-3-paused-teacher.json).
 """
 
 from __future__ import annotations
@@ -15,17 +16,37 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rollout import sglang_client as client
+
 
 def kill_at(phase: str, urls: list[str], version: int) -> None:
-    """Kill the last engine when (version, phase) is planned, once."""
-    planned = {tuple(item.split(":")) for item in os.environ.get("UPDATE_FAULT_KILLS", "").split(",") if item}
+    """Kill the last engine when (version, phase) is planned, once; (version, phase, group): a model group's engine."""
+    planned = [item.split(":") for item in os.environ.get("UPDATE_FAULT_KILLS", "").split(",") if item]
     out = Path(os.environ["UPDATE_FAULT_DIR"])
-    record = out / f"kill-{version}-{phase}.json"
-    if (str(version), phase) not in planned or record.exists():
-        return
-    url = urls[-1]
-    engines = json.loads((out / "placement.json").read_text())["engines"]
-    pid = next(e["pids"][0] for e in engines if e["url"] == url)
+    for item in planned:
+        if item[:2] != [str(version), phase] or (out / f"kill-{'-'.join(item)}.json").exists():
+            continue
+        placement = json.loads((out / "placement.json").read_text())
+        if len(item) == 3:  # the engine its router lists now (placement.json keeps the pids of the first start)
+            router, deadline = placement["model_groups"][item[2]]["router"], time.monotonic() + 120
+            while not (workers := client.list_workers(router)) and time.monotonic() < deadline:
+                time.sleep(0.5)  # still restarting after an earlier kill
+            url = workers[0]["url"]
+            pid = _listening(urlsplit(url).port)
+        else:
+            url = urls[-1]
+            pid = next(e["pids"][0] for e in placement["engines"] if e["url"] == url)
+        _kill(url, pid, urls, out / f"kill-{'-'.join(item)}.json")
+
+
+def _listening(port: int | None) -> int:
+    """The pid of the process listening on `port` here."""
+    import psutil
+
+    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN")
+
+
+def _kill(url: str, pid: int, urls: list[str], record: Path) -> None:
     os.kill(pid, signal.SIGKILL)
     start = time.monotonic()
     address = urlsplit(url)

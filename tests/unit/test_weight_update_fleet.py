@@ -128,7 +128,7 @@ def test_the_fleet_takes_out_a_dead_engine_and_keeps_it_out_of_the_router(monkey
     assert fleet.live_urls() == ["http://b", "http://c"]
     assert fleet.verdict(["http://b"], "timeout") == ["http://b"]  # checked, alive: not taken out
     assert fleet.rejoin() == 0  # the dead one does not join; recover() restarts it
-    assert not fleet.engines[0].joining and fleet.engines[0].dead
+    assert fleet.engines[0].dead  # out of the router until its restart replaces it
 
 
 def test_the_weight_check_skips_a_server_the_fleet_took_out(monkeypatch) -> None:
@@ -151,3 +151,54 @@ def test_the_weight_check_skips_a_server_the_fleet_took_out(monkeypatch) -> None
     assert asked == [["http://a"]] and skipped == ["http://a"]
     with pytest.raises(WeightUpdateError, match="probe failed"):  # the fleet finds it alive: the failure stands
         check.check_servers(engine, URLS, 1e-3, 0, "after", fleet=lambda urls, cause: urls)
+
+
+def test_a_restarted_engine_joins_only_at_the_current_weight_version(monkeypatch) -> None:
+    """Restarted during an update (not among its targets): it stays out at the update's rejoin; one the update reached
+    joins; without a source for the current weights (no delta sync) it waits for the next update."""
+    args = Namespace(
+        output_dir="/tmp/unused", rollout_health_check_timeout=5.0, update_weight_local_checkpoint_dir=None
+    )
+    fleet = EngineFleet(args, FleetSpec("policy", "model", 1, None))
+    fleet.engines = [Engine(i, parts=[], slots=[], url=url) for i, url in enumerate(URLS[:2])]
+    joined: list[str] = []
+
+    def join(engines: list[Engine]) -> int:
+        for engine in engines:
+            engine.joining = False
+            joined.append(engine.url)
+        return len(engines)
+
+    monkeypatch.setattr(fleet, "_join", join)
+    monkeypatch.setattr(fleet, "restart_soon", lambda: None)
+    fleet._targets = list(fleet.engines)  # what recover() handed the update
+    fleet.engines[0].joining = True  # restarted before the update: the update reached it
+    late = Engine(1, parts=[], slots=[], url="http://b2", joining=True)  # restarted while the update ran
+    fleet.engines[1] = late
+    assert fleet.rejoin(3) == 1 and joined == ["http://a"]
+    assert fleet.version == 3 and fleet.engines[0].version == 3 and late.version == 0 and late.joining
+    fleet._bring_in()  # no source for version 3 here: it waits for the next update
+    assert joined == ["http://a"] and late.joining
+    fleet._targets = [fleet.engines[0], late]
+    assert fleet.rejoin(4) == 1 and joined == ["http://a", "http://b2"] and late.version == 4
+
+
+def test_a_wait_inside_an_update_ends_when_the_watch_finds_a_target_dead() -> None:
+    """A server answer that never comes (a live server held by a broken broadcast): the watch's verdict ends it."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slime_like.trainer.weights.base import EngineLostError
+
+    transport = Transport("distributed", set(), [])
+    polls: list[list[str]] = []
+    transport.watch = lambda urls: polls.append(urls) or (["http://c"] if len(polls) > 1 else [])
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        hung = pool.submit(release.wait, 30)
+        start = time.monotonic()
+        with pytest.raises(EngineLostError, match="http://c died during the broadcast"):
+            transport.results([hung], "during the broadcast")
+        release.set()
+    assert time.monotonic() - start < 5 and len(polls) == 2

@@ -15,7 +15,11 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future
+from concurrent.futures import wait as wait_futures
+from typing import Any
 
 import torch
 
@@ -29,6 +33,10 @@ NamedTensors = Iterable[tuple[str, torch.Tensor]]
 # Fault tests: the dotted path of hook(phase, urls, version), called by rank 0 at each phase of an update (start,
 # paused, flushed, sending: after the first tensor, sent, tagged) to kill an engine at a known point.
 HOOK_ENV = "SLIME_LIKE_WEIGHT_UPDATE_HOOK"
+
+# (target URLs) -> those the engine fleet has found dead; never blocks (weights/updater.py FleetWatch).
+Watch = Callable[[list[str]], list[str]]
+POLL_S = 1.0  # how often a wait inside an update asks the watch
 
 
 def phase(name: str, urls: list[str], version: int) -> None:
@@ -53,6 +61,9 @@ class WeightTransport(abc.ABC):
 
     name = "transport"  # the --update-weight-transport value
     flush_cache = True  # whether an update flushes the servers' caches (weights/lora.py says why it need not)
+    # Set by the updater with a fleet (--use-fault-tolerance): a wait inside the update ends as soon as it names a
+    # target dead, instead of at the timeout (a server held by a broken broadcast answers nothing until then).
+    watch: Watch | None = None
 
     def __init__(self, server_urls: list[str], bucket_bytes: int, timeout_s: float = 300.0) -> None:
         self.server_urls = list(server_urls)
@@ -68,6 +79,40 @@ class WeightTransport(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the channel (best effort: a dead server cannot answer)."""
+
+    def check_targets(self, what: str) -> None:
+        """Raise EngineLostError when the watch names a target dead."""
+        dead = self.watch(self.server_urls) if self.watch is not None else []
+        if dead:
+            raise EngineLostError(f"{', '.join(dead)} died {what} (the engine fleet's verdict)")
+
+    def results(self, futures: list[Future], what: str) -> list[Any]:
+        """The futures' results in order: the first error as soon as it comes, or EngineLostError as soon as the watch
+        names a target dead while they run."""
+        while True:
+            _, pending = wait_futures(futures, timeout=POLL_S, return_when=FIRST_EXCEPTION)
+            for future in futures:
+                if future.done() and future.exception() is not None:
+                    future.result()  # raises its error
+            if not pending:
+                return [f.result() for f in futures]
+            self.check_targets(what)
+
+    def wait_works(self, works: list[Any], what: str) -> None:
+        """Wait for torch.distributed works (raising their error); with a watch, polled, so that a target found dead
+        ends the wait at once."""
+        if self.watch is None:
+            for work in works:
+                work.wait()
+            return
+        asked = time.monotonic()
+        for work in works:
+            while not work.is_completed():
+                time.sleep(0.005)
+                if time.monotonic() - asked >= POLL_S:
+                    self.check_targets(what)
+                    asked = time.monotonic()
+            work.wait()  # its error, if it failed
 
     def update(self, named_tensors: NamedTensors, version: int, pause_mode: str = "abort") -> None:
         """Pause generation (`pause_mode`: SGLang's abort, retract or in_place), flush caches, send, tag `version`,
@@ -95,6 +140,10 @@ class WeightTransport(abc.ABC):
                 pause.continue_all(urls, timeout)
             except Exception as exc:  # the update's own error (if any) is the one to report
                 logger.warning("after a weight update: %r", exc)
+
+
+class EngineLostError(RuntimeError):
+    """An engine the update targets died meanwhile (the fleet's verdict): the wait for it ended early."""
 
 
 def buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from rollout import sglang_client as client
 from slime_like.core.errors import EngineError, WeightUpdateError
 from slime_like.core.process import free_port
-from slime_like.trainer.weights.base import NamedTensors, WeightTransport, buckets
+from slime_like.trainer.weights.base import EngineLostError, NamedTensors, WeightTransport, buckets
 from slime_like.trainer.weights.process_group import init_weight_sync_group
 
 _group_ids = itertools.count()
@@ -48,13 +49,14 @@ class DistributedTransport(WeightTransport):
 
     def connect(self) -> None:
         """Create the group: every server joins (in threads) while this process joins as rank 0."""
-        if self.group is not None:
+        if self.group is not None or self.group_name:
             self.close()
         # A fresh name each time: torch refuses to reuse a group name within a process.
-        self.group_name = f"slime-weights-{os.getpid()}-{next(_group_ids)}"
+        group_name = f"slime-weights-{os.getpid()}-{next(_group_ids)}"
         port = free_port(self.master_address)
         world_size = 1 + len(self.server_urls) * self.tp_per_server
-        with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(self.server_urls) + 1)
+        try:
             joins = [
                 pool.submit(
                     client.init_weights_update_group,
@@ -63,20 +65,25 @@ class DistributedTransport(WeightTransport):
                     port,
                     1 + i * self.tp_per_server,
                     world_size,
-                    self.group_name,
+                    group_name,
                     self.backend,
                     self.timeout_s,
                 )
                 for i, url in enumerate(self.server_urls)
             ]
+            ours = pool.submit(
+                init_weight_sync_group, self.backend, self.master_address, port, world_size, group_name, self.timeout_s
+            )
+            self.group_name = group_name  # servers may hold it from here: close() asks them to leave it
             try:
-                self.group = init_weight_sync_group(
-                    self.backend, self.master_address, port, world_size, self.group_name, self.timeout_s
-                )
+                self.group = self.results([ours], "while the weight-sync group formed")[0]
+            except EngineLostError:
+                raise
             except Exception as exc:  # a server that never joined: report it, the caller may retry
-                raise WeightUpdateError(f"weight-sync group {self.group_name} not formed: {exc!r}") from exc
-            for join in joins:
-                join.result()
+                raise WeightUpdateError(f"weight-sync group {group_name} not formed: {exc!r}") from exc
+            self.results(joins, "while the weight-sync group formed")
+        finally:
+            pool.shutdown(wait=False)  # a rendezvous left waiting for a dead server ends at its timeout
 
     def send(self, named_tensors: NamedTensors, version: int) -> None:
         """Per bucket: announce it to every server (HTTP, in threads), then broadcast its tensors one by one.
@@ -87,7 +94,8 @@ class DistributedTransport(WeightTransport):
         """
         if self.group is None:
             self.connect()
-        with ThreadPoolExecutor(max_workers=len(self.server_urls)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(self.server_urls))
+        try:
             for bucket in buckets(named_tensors, self.bucket_bytes):
                 names = [name for name, _ in bucket]
                 dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
@@ -104,28 +112,53 @@ class DistributedTransport(WeightTransport):
                     )  # fmt: skip
                     for url in self.server_urls
                 ]
+                works = [
+                    dist.broadcast(t.contiguous(), group_src=0, group=self.group, async_op=True) for _, t in bucket
+                ]
                 try:
-                    works = [
-                        dist.broadcast(t.contiguous(), group_src=0, group=self.group, async_op=True) for _, t in bucket
-                    ]
-                    for work in works:
-                        work.wait()
+                    self.wait_works(works, "during the broadcast")
+                except EngineLostError:
+                    raise
                 except Exception as exc:
                     raise WeightUpdateError(f"broadcast to the servers failed: {exc!r}") from exc
-                for answer in answers:
-                    answer.result()
+                finally:
+                    works = []
+                self.results(answers, "during the broadcast")
+        except BaseException as exc:
+            # Our side of the group closes first: a live server held in the broken broadcast fails at once (its
+            # peer is gone) and answers again, instead of after --update-weight-timeout. A pending work holds the
+            # group's connections open, and the traceback's frames hold the works: clear them first.
+            for error in (exc, exc.__cause__):
+                if error is not None:
+                    traceback.clear_frames(error.__traceback__)
+            self._leave_group()
+            raise
+        finally:
+            pool.shutdown(wait=False)
+
+    def _leave_group(self) -> None:
+        """Destroy this process's side of the group (best effort: a broken group has nothing left to release)."""
+        group, self.group = self.group, None
+        if group is None:
+            return
+        try:
+            group.abort()  # closes its connections now; a destroy alone waits for a broken pair's timeout
+        except Exception:
+            pass
+        try:
+            dist.destroy_process_group(group)
+        except Exception:
+            pass
 
     def close(self) -> None:
-        """Leave the group on both sides (best effort: a dead server cannot answer)."""
-        if self.group is None:
+        """Leave the group on both sides (best effort: a dead server cannot answer); ours first, so that a server
+        held in a broken broadcast is let go before it is asked to leave."""
+        self._leave_group()
+        if not self.group_name:
             return
         for url in self.server_urls:
             try:
                 client.destroy_weights_update_group(url, self.group_name, self.timeout_s)
             except EngineError:
                 pass
-        try:
-            dist.destroy_process_group(self.group)
-        except Exception:  # a group broken by a failed broadcast: nothing left to release
-            pass
-        self.group = None
+        self.group_name = ""

@@ -33,12 +33,16 @@ from rollout import sglang_client as client
 from slime_like.core.errors import EngineError
 from slime_like.trainer.megatron.lora import LoraSettings, adapter_config, write_adapter
 from slime_like.trainer.megatron.lora_slots import SEPARATOR
-from slime_like.trainer.weights.base import NamedTensors, WeightTransport
+from slime_like.trainer.weights.base import NamedTensors, WeightTransport, phase
 from slime_like.trainer.weights.tensor import serialize_bucket
 
 logger = logging.getLogger(__name__)
 MEDIA = ("auto", "tensor", "disk")
 _ALIGN = 64  # every tensor starts on a cache line of the shared buffer
+# Shared buffers of closed transports, never freed while the trainer runs: freeing one that a server killed meanwhile
+# had mapped aborted the trainer (SIGABRT in torch's shared-memory allocator, tests/integration/test_update_faults.py
+# [lora]). Two adapter copies per transport closed: a transport is rebuilt only after a failure or a restart.
+_RETIRED: list[torch.Tensor] = []
 
 
 def on_this_machine(url: str) -> bool:
@@ -184,6 +188,7 @@ class LoraTransport(WeightTransport):
         """Swap version `version` in on every server: one request each (pause, unload, load, tag, continue); servers
         without that endpoint (or all, with one_request False) get the steps as separate requests."""
         start = time.perf_counter()
+        phase("start", self.server_urls, version)
         adapters = self._adapters(named_tensors, version)
         prepared = time.perf_counter()
         with self._explained():
@@ -198,6 +203,7 @@ class LoraTransport(WeightTransport):
             rest = [url for url in self.server_urls if url not in swapped]
             if rest:
                 self.around(rest, lambda: client.on_all(rest, self._load, adapters), version, pause_mode)
+        phase("sent", self.server_urls, version)
         self.timings = {"prepare": prepared - start, "requests": time.perf_counter() - prepared}
 
     def send(self, named_tensors: NamedTensors, version: int) -> None:
@@ -270,10 +276,11 @@ class LoraTransport(WeightTransport):
             self._held.add((url, name))
 
     def close(self) -> None:
-        """Close the kept connections and free the shared buffers."""
+        """Close the kept connections and let go of the shared buffers (kept for the process's life: see _RETIRED)."""
         for server in self._servers.values():
             server.close()
         self._servers.clear()
+        _RETIRED.extend(self._buffers)
         self._buffers.clear()
 
     @contextlib.contextmanager

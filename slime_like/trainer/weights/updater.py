@@ -10,7 +10,8 @@ With a fleet (--use-fault-tolerance) an engine that dies around the update is no
 failed attempt rank 0 asks the fleet for its verdict on the engines the update targets (rollout/fleet.py `verdict`:
 the dead ones are taken out of the router and restart before the next update, out of service until an update gives
 them the weights). When it took any out, the same attempt runs again on those left, without using up a retry; the
-update fails only when none is left, saying so.
+update fails only when none is left, saying so. While an attempt waits (a broadcast, a server's answer) it polls the
+fleet's verdict (FleetWatch), so that an engine that died mid-send ends the wait at once instead of at the timeout.
 """
 
 from __future__ import annotations
@@ -46,11 +47,52 @@ def share_from_rank0(value: Any) -> Any:
     return box[0]
 
 
+class FleetWatch:
+    """The fleet's verdict polled without blocking while an update waits (weights/base.py Watch): each call reads the
+    answer to the last question, if it came, and asks again; the URLs the fleet found dead (and took out)."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+        self._asked: tuple[Any, list[str]] | None = None  # (the pending answer, the URLs asked about)
+
+    def __call__(self, urls: list[str]) -> list[str]:
+        import ray
+
+        if self._asked is not None:
+            answer, asked = self._asked
+            if not ray.wait([answer], timeout=0)[0]:
+                return []
+            self._asked = None
+            try:
+                alive = set(ray.get(answer))
+            except Exception as exc:  # no verdict: the wait goes on, bounded by its timeout
+                logger.warning("asking the engine fleet during the weight update: %r", exc)
+                alive = set(asked)
+            dead = [url for url in asked if url not in alive]
+            if dead:
+                return dead
+        cause = "it stopped answering while the update waited for it"
+        self._asked = (self.fleet.engine_verdict.remote(list(urls), cause), list(urls))
+        return []
+
+
+class FleetVerdict:
+    """The verdict of the rollout manager `fleet` (a Ray actor handle), whose engine checks take up to `timeout` s;
+    `watch` polls it without blocking."""
+
+    def __init__(self, fleet: Any, timeout: float) -> None:
+        self.fleet, self.timeout = fleet, timeout
+        self.watch = FleetWatch(fleet)
+
+    def __call__(self, urls: list[str], cause: str) -> list[str]:
+        import ray
+
+        return ray.get(self.fleet.engine_verdict.remote(urls, cause), timeout=self.timeout + 60)
+
+
 def ask_fleet(fleet: Any, timeout: float) -> Verdict:
     """The verdict of the rollout manager `fleet` (a Ray actor handle), whose engine checks take up to `timeout` s."""
-    import ray
-
-    return lambda urls, cause: ray.get(fleet.engine_verdict.remote(urls, cause), timeout=timeout + 60)
+    return FleetVerdict(fleet, timeout)
 
 
 class WeightUpdater:
@@ -126,6 +168,7 @@ class WeightUpdater:
                 if self.urls is not None:  # read at connect and send: the transport serves the engines left
                     transport.server_urls = list(self.urls)
             self.transports[kind] = transport
+            transport.watch = getattr(self.fleet, "watch", None)  # polled while it waits: a death ends the wait
             transport.update(named, version, pause_mode)
             return None
         except Exception as exc:
