@@ -61,10 +61,13 @@ def _auth_hint(status: int) -> str:
     return f" (the server requires this run's secret: is {API_KEY_ENV} in this process's environment the run's?)"
 
 
-def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
-    """POST JSON and return the JSON answer; raise EngineError naming the server on failure."""
+def post(
+    url: str, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0, api_key: str | None = None
+) -> Any:
+    """POST JSON and return the JSON answer (with `api_key`, else this process's run secret); raise EngineError
+    naming the server on failure."""
     try:
-        resp = requests.post(f"{url}{path}", json=payload or {}, headers=auth_headers(), timeout=timeout)
+        resp = requests.post(f"{url}{path}", json=payload or {}, headers=auth_headers(api_key), timeout=timeout)
     except requests.RequestException as exc:
         raise EngineError(f"{url}{path} failed: {exc!r}") from exc
     return _answer(resp, f"{url}{path}")
@@ -143,15 +146,16 @@ def served_dtype(url: str, timeout: float = 10.0) -> str:
         return "unknown"
 
 
-def freeze_gc(url: str, timeout: float = 30.0) -> bool:
+def freeze_gc(url: str, timeout: float = 30.0, api_key: str | None = None) -> bool:
     """Move every object the server made while starting out of Python's GC (SGLang's /freeze_gc).
 
     Every /flush_cache (each weight update) runs a full gc.collect() in the scheduler on CPU; over the
     start-up heap it takes ~0.33 s, after the freeze ~0.004 s. Those objects live as long as the server,
-    so the collector has nothing to gain from walking them. A server without the endpoint still works.
+    so the collector has nothing to gain from walking them. A server without the endpoint still works. `api_key`:
+    the server's key when it is not this process's run secret (an SGLangServer given its own).
     """
     try:
-        post(url, "/freeze_gc", timeout=timeout)
+        post(url, "/freeze_gc", timeout=timeout, api_key=api_key)
     except EngineError as exc:
         logger.warning("SGLang at %s: /freeze_gc failed (%s); every cache flush will run a full GC", url, exc)
         return False

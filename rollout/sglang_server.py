@@ -254,7 +254,7 @@ class SGLangServer:
             self.stop()  # a half-started server must not linger
             raise
         if self.node_rank == 0:  # later node ranks serve /health only
-            freeze_gc(self.url)
+            freeze_gc(self.url, api_key=self.api_key)  # its own key, which may not be this process's
 
     def stop(self) -> int | None:
         """Stop the server (SIGTERM, SIGKILL after `stop_timeout`); return its exit status."""

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from tests.conftest import REPO_ROOT
 
@@ -96,3 +100,36 @@ def test_sglang_s_rendezvous_port_is_drawn_below_the_ephemeral_range(tmp_path: P
         tmp_path, port=30000, device="cpu", api_key="", extra_args=[NCCL_PORT_FLAG, "21000"]
     ).command()
     assert own.count(NCCL_PORT_FLAG) == 1 and own[own.index(NCCL_PORT_FLAG) + 1] == "21000"
+
+
+def test_freeze_gc_sends_the_server_s_own_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started with its own key (SGLangServer(api_key=...)) is asked with that key, not the run's."""
+    from rollout.sglang_client import freeze_gc
+
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer own"
+            body = b"{}" if ok else b'{"error":"Unauthorized"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setenv("SLIME_LIKE_API_KEY", "the-run-s")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert freeze_gc(url, api_key="own") is True
+        assert freeze_gc(url) is False  # the run's secret: refused, a warning, not an error
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Bearer own", "Bearer the-run-s"]
