@@ -92,7 +92,8 @@ def test_an_engine_killed_inside_an_update_is_restarted_with_the_current_weights
     pattern = re.compile(r"weight version (\d+) over (\w+): servers match the trainer within \S+ \((\d+) servers\)")
     matches = [m.groups() for m in pattern.finditer(output)]
     over = {"delta": "disk"}.get(transport, transport)
-    assert matches == [(str(v), over, "1" if 2 <= v <= 4 else "2") for v in range(1, ROLLOUTS + 1)], matches
+    first = 0 if transport == "lora" else 1  # a LoRA run sends its adapter before the first rollout, as version 0
+    assert matches == [(str(v), over, "1" if 2 <= v <= 4 else "2") for v in range(first, ROLLOUTS + 1)], matches
     records = _rows(out)
     # Restarted at once after each kill, out of the router until it holds the current weights.
     assert output.count("; it serves once it holds the current weights") >= len(plan) - 1, output[-8000:]

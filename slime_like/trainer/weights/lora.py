@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import socket
 import time
@@ -39,9 +40,9 @@ from slime_like.trainer.weights.tensor import serialize_bucket
 logger = logging.getLogger(__name__)
 MEDIA = ("auto", "tensor", "disk")
 _ALIGN = 64  # every tensor starts on a cache line of the shared buffer
-# Shared buffers of closed transports, never freed while the trainer runs: freeing one that a server killed meanwhile
-# had mapped aborted the trainer (SIGABRT in torch's shared-memory allocator, tests/integration/test_update_faults.py
-# [lora]). Two adapter copies per transport closed: a transport is rebuilt only after a failure or a restart.
+# Shared buffers let go of, never freed while the trainer runs: when a server that had opened one dies, torch's
+# shared-memory manager unlinks its file, and freeing it then aborts the trainer (SIGABRT in the allocator, seen in
+# tests/integration/test_update_faults.py[lora]). Two adapter copies per transport closed or per engine lost.
 _RETIRED: list[torch.Tensor] = []
 
 
@@ -66,6 +67,13 @@ def file_system_sharing() -> Iterator[None]:
         yield
     finally:
         torch.multiprocessing.set_sharing_strategy(before)
+
+
+def _file_exists(buffer: torch.Tensor) -> bool:
+    """Whether the shared-memory file behind a buffer shared with the "file_system" strategy still exists."""
+    _, handle, _ = buffer.untyped_storage()._share_filename_cpu_()
+    name = handle.decode() if isinstance(handle, bytes) else str(handle)
+    return os.path.exists("/dev/shm/" + name.lstrip("/"))
 
 
 # PEFT's separate modules that SGLang stacks into one (its LoRA layers' names), in stacking order.
@@ -245,7 +253,12 @@ class LoraTransport(WeightTransport):
             nbytes = sum(-(-sum(p.numel() * p.element_size() for p in ps) // _ALIGN) * _ALIGN for _, ps in entries)
             if len(self._buffers) <= slot:
                 self._buffers.append(torch.empty(0, dtype=torch.uint8))
-            if self._buffers[slot].numel() < nbytes:  # made once: a new shared file costs more than the copy
+            buffer = self._buffers[slot]
+            # Made once (a new shared file costs more than the copy), and again when its file is gone: torch's
+            # shared-memory manager unlinks every file a server had opened when that server dies.
+            if buffer.numel() < nbytes or not _file_exists(buffer):
+                if buffer.numel():
+                    _RETIRED.append(buffer)  # freeing one whose file is gone aborts this process
                 self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
             flat, metadata = flatten_stacked(entries, self._buffers[slot])
             serialized = serialize_bucket(flat, metadata)
