@@ -153,7 +153,9 @@ class Sample(CoreSample):
             raise ValueError(f"append_response_tokens: {len(lps)} log-probs for {len(new)} tokens")
         if trainable and lps is None and new:
             raise ValueError("append_response_tokens: trainable tokens need their log_probs")
-        if not trainable and lps is not None:
+        # slime raises for any log-probs here; its own examples/geo3k_vlm_multi_turn/rollout.py passes zeros for the
+        # environment's tokens, the values they get anyway, so zeros are taken.
+        if not trainable and lps is not None and any(lps):
             raise ValueError("append_response_tokens: non-trainable tokens take no log_probs (they get 0.0)")
         if text is not None:
             self.response += text
