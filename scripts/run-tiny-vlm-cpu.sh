@@ -3,8 +3,8 @@
 # end with real SGLang (images sent as image_data), sglang-router, Ray and Megatron (the LM beside transformers'
 # vision tower) on a 2-core CPU. The data is parquet in slime's geo3k columns, read with --multimodal-keys as
 # slime's examples/geo3k_vlm does.
-# Greedy accuracy on 64 held-out pictures: 0.66 after the warm start -> 0.92 after 30 rollouts (about 8 minutes on
-# a loaded 2-core machine, set-up included; docs/vlm-demo.md).
+# Greedy accuracy on 64 held-out pictures: 0.66 after the warm start -> 0.92 after 30 rollouts (4.3 minutes from
+# nothing on a shared 2-core machine; docs/vlm-demo.md).
 #   bash scripts/run-tiny-vlm-cpu.sh                 # everything, set-up included
 #   NUM_ROLLOUT=10 bash scripts/run-tiny-vlm-cpu.sh  # shorter
 #   SFT_STEPS=115 bash scripts/run-tiny-vlm-cpu.sh   # a weaker warm start (0.50; RL from it was unstable here)
