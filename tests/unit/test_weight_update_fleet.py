@@ -135,9 +135,11 @@ def test_the_weight_check_skips_a_server_the_fleet_took_out(monkeypatch) -> None
     """Killed after the update tagged its version: the check's probe fails, the fleet takes it out, the check passes."""
     from slime_like.trainer.weights import check
 
-    monkeypatch.setattr(check, "trainer_logprobs", lambda engine, tokens: torch.zeros(2))
+    monkeypatch.setattr(check, "trainer_logprobs", lambda engine, tokens, images=None: torch.zeros(2))
 
-    def served(url: str, tokens: list[int], timeout: float = 60.0, lora_path: str | None = None) -> torch.Tensor:
+    def served(
+        url: str, tokens: list[int], timeout: float = 60.0, lora_path: str | None = None, image_data: object = None
+    ) -> torch.Tensor:
         if url == "http://a":
             raise WeightUpdateError("the weight check's probe failed: Connection refused")
         return torch.zeros(2)
