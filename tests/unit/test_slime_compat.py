@@ -135,7 +135,10 @@ def test_sample_speaks_slime() -> None:
     with pytest.raises(ValueError, match="need their log_probs"):
         s.append_response_tokens(tokens=[9])
     with pytest.raises(ValueError, match="take no log_probs"):
-        s.append_response_tokens(tokens=[9], log_probs=[0.0], trainable=False)
+        s.append_response_tokens(tokens=[9], log_probs=[-0.5], trainable=False)
+    # zeros, the values they get anyway, as slime's geo3k_vlm_multi_turn rollout passes them for the environment's
+    s.append_response_tokens(tokens=[9], log_probs=[0.0], trainable=False)
+    assert s.loss_mask[-1] == 0 and s.rollout_log_probs[-1] == 0.0 and s.tokens[-1] == 9
     s.reward = {"score": 1.0, "pred": "7"}
     assert s.get_reward_value(Namespace(reward_key="score")) == 1.0
     s.custom_attribute = [1]  # slime keeps attributes set on a sample through to_dict/from_dict
