@@ -315,9 +315,23 @@ def _mrope_config(config: Any, hf_text_config: Any, family: str) -> Any:
 
 class VisionLanguageBridge:
     """Mixin of a VL family's bridge: mrope GPTModel arguments and a provider of VisionLanguageGPTModel chunks.
-    The bridge's hf_config is the text config; vl_config the whole (set by the family's __init__)."""
+    The bridge's hf_config is the text config; vl_config the whole."""
 
     vl_config: Any
+    label: str  # the family's name in errors
+
+    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
+        self.vl_config = hf_config
+        super().__init__(self._text_config(hf_config), *args, **kwargs)  # type: ignore[call-arg]
+
+    @staticmethod
+    def _text_config(hf_config: Any) -> Any:
+        text = text_config(hf_config)
+        fix_hf_config(text)
+        return text
+
+    def _build_config(self) -> Any:
+        return _mrope_config(super()._build_config(), self.hf_config, self.label)  # type: ignore[misc]
 
     def _get_gptmodel_args(self) -> dict:
         args = super()._get_gptmodel_args()  # type: ignore[misc]
@@ -368,40 +382,25 @@ class Qwen2_5VLBridge(VisionLanguageBridge, Qwen2Bridge):
     """Qwen2.5-VL (qwen2_5_vl): Qwen2's language model (qkv bias) from text_config with 3-D mrope, beside the
     transformers vision tower (VisionLanguageGPTModel)."""
 
-    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
-        self.vl_config = hf_config
-        text = text_config(hf_config)
-        fix_hf_config(text)
-        super().__init__(text, *args, **kwargs)
-
-    def _build_config(self) -> Any:
-        return _mrope_config(super()._build_config(), self.hf_config, "Qwen2.5-VL")
+    label = "Qwen2.5-VL"
 
 
 class Qwen3VLBridge(VisionLanguageBridge, Qwen3Bridge):
     """Qwen3-VL (qwen3_vl, dense): Qwen3's language model (QK norm) from text_config with interleaved 3-D mrope, beside
     transformers' Qwen3-VL vision tower, whose deepstack features enter the first layers (VisionLanguageGPTModel)."""
 
-    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
-        self.vl_config = hf_config
-        text = text_config(hf_config)
-        fix_hf_config(text)
-        super().__init__(text, *args, **kwargs)
-
-    def _build_config(self) -> Any:
-        return _mrope_config(super()._build_config(), self.hf_config, "Qwen3-VL")
+    label = "Qwen3-VL"
 
 
 class Qwen3_5VLBridge(VisionLanguageBridge, Qwen3_5Bridge):
     """Qwen3.5 / 3.6 with their vision tower (qwen3_5, qwen3_5_moe): Qwen3_5Bridge's hybrid text model with
     interleaved 3-D mrope on its partial rope, beside transformers' Qwen3.5 vision model (model.visual.*)."""
 
-    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
-        self.vl_config = hf_config
-        super().__init__(hf_config, *args, **kwargs)
+    label = "Qwen3.5"
 
-    def _build_config(self) -> Any:
-        return _mrope_config(super()._build_config(), self.hf_config, "Qwen3.5")
+    @staticmethod
+    def _text_config(hf_config: Any) -> Any:
+        return hf_config  # Qwen3_5Bridge reads the nested text config itself
 
 
 def freeze_tower(model: torch.nn.Module, **_: Any) -> None:
