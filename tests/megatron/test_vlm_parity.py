@@ -142,19 +142,47 @@ def test_packed_logprobs_match_transformers(random_qwen2_5_vl, megatron_world, l
 def test_mrope_positions_match_get_rope_index(random_qwen2_5_vl):
     import transformers
 
-    from slime_like.trainer.megatron.vision_language import mrope_positions
+    from slime_like.trainer.megatron.vision_language import image_token_mask, mrope_positions
 
     model = transformers.Qwen2_5_VLModel.from_pretrained(random_qwen2_5_vl, dtype=torch.float32)
     row = torch.tensor([SAMPLES[0][0] + SAMPLES[1][0]])
     per_sequence = torch.cat([torch.arange(len(t)) for t, _ in SAMPLES])[None]
     grids = torch.cat([m["image_grid_thw"] for _, m in SAMPLES])
-    got = mrope_positions(row, per_sequence, grids, IMAGE, MERGE)
+    got = mrope_positions(image_token_mask(row, IMAGE, START), per_sequence, grids, MERGE)
     start = 0
     for tokens, images in SAMPLES:
         ids = torch.tensor([tokens])
         want, _ = model.get_rope_index(ids, (ids == IMAGE).int(), image_grid_thw=images["image_grid_thw"])
         assert torch.equal(got[:, :, start : start + len(tokens)], want)
         start += len(tokens)
+
+
+def test_a_sampled_image_pad_is_text(random_qwen2_5_vl, megatron_world):
+    """A pad token the policy sampled (no vision start before it) is a word, as SGLang serves it and transformers
+    reads it (mm_token_type_ids 0): same log-probs as transformers', and it may carry loss."""
+    import transformers
+
+    from slime_like.trainer.megatron.vision_language import image_token_mask
+
+    tokens, images = SAMPLES[0]
+    sampled = [*tokens, IMAGE, IMAGE, 9]  # the response goes on with two stray pads
+    ids = torch.tensor([sampled])
+    real = torch.tensor([[t == IMAGE for t in tokens] + [False] * 3])
+    assert torch.equal(image_token_mask(ids, IMAGE, START), real)
+    engine = _engine(random_qwen2_5_vl)
+    got = engine.forward_logprobs([sampled], multimodal=[images])[0]
+    # transformers takes every pad for an image: feed the stray ones as an unused id with the pad's word embedding.
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(random_qwen2_5_vl, dtype=torch.float32)
+    unused = 254
+    words = model.get_input_embeddings().weight
+    with torch.no_grad():
+        words[unused] = words[IMAGE]
+        fed = torch.where(real | (ids != IMAGE), ids, unused)
+        logits = model.eval()(input_ids=fed, mm_token_type_ids=real.int(), **images).logits[0]
+    want = torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None])[:, 0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    data = TrainData(tokens=[sampled], response_lengths=[7], loss_masks=[[1] * 7], multimodal_train_inputs=[images])
+    assert engine.train_step(data.tokens, data, _sum_logprob_loss)["update_successful"] == 1.0
 
 
 def _train_data() -> TrainData:

@@ -66,37 +66,55 @@ def _vision_tower(vl_config: Any, dtype: torch.dtype) -> torch.nn.Module:
     return tower
 
 
+def image_token_mask(input_ids: torch.Tensor, image_token_id: int, vision_start_id: int) -> torch.Tensor:
+    """Which tokens of [rows, T] ids hold an image: the image-pad runs right after a vision-start token.
+
+    A pad the policy sampled elsewhere (a tiny or early model does) is text, as SGLang serves it and as transformers
+    reads it (mm_token_type_ids 0, get_rope_index's vision-start scan): its word embedding, 1-D positions, any loss.
+    """
+    is_pad = input_ids == image_token_id
+    if not bool(is_pad.any()):
+        return is_pad
+    before = torch.zeros_like(input_ids)
+    before[..., 1:] = input_ids[..., :-1]
+    run_start = is_pad & (before != image_token_id)
+    run_start[..., 0] = is_pad[..., 0]
+    run_id = torch.cumsum(run_start.flatten().long(), 0).view_as(input_ids)  # one id per pad run, over all rows
+    image_runs = run_id[run_start & (before == vision_start_id)]
+    return is_pad & torch.isin(run_id, image_runs)
+
+
 def mrope_positions(
-    input_ids: torch.Tensor,
+    is_image: torch.Tensor,
     position_ids: torch.Tensor,
     image_grid_thw: torch.Tensor | None,
-    image_token_id: int,
     spatial_merge_size: int,
 ) -> torch.Tensor:
     """Qwen2.5-VL's [3, rows, T] rope positions (temporal, height, width) of a micro-batch's token rows.
 
-    Each sequence (a run of `position_ids` starting at 0) counts its own positions: text tokens advance all three by
-    one; an image's tokens (t x h x w merged patches, grids consumed in row-major order) take start + (t, h, w)
-    indices and the text after it starts at start + max(h, w), as transformers' get_rope_index does.
+    `is_image` marks the image tokens (image_token_mask). Each sequence (a run of `position_ids` starting at 0)
+    counts its own positions: text tokens advance all three by one; an image's tokens (t x h x w merged patches,
+    grids consumed in row-major order) take start + (t, h, w) indices and the text after it starts at
+    start + max(h, w), as transformers' get_rope_index does.
     """
-    rows, width = input_ids.shape
+    rows, width = is_image.shape
     out = torch.zeros(3, rows, width, dtype=torch.long)
-    ids = input_ids.cpu()
+    images = is_image.cpu()
     grids = iter([] if image_grid_thw is None else image_grid_thw.cpu().tolist())
     starts = position_ids.cpu() == 0
     for row in range(rows):
-        if not bool((ids[row] == image_token_id).any()):  # text only: the 1-D positions on all three axes
+        if not bool(images[row].any()):  # text only: the 1-D positions on all three axes
             out[:, row] = position_ids[row].cpu()
             continue
-        is_image = (ids[row] == image_token_id).tolist()
+        image = images[row].tolist()
         row_starts = starts[row].tolist()
         current, i = 0, 0
         while i < width:
             if row_starts[i]:
                 current = 0
-            if not is_image[i]:
+            if not image[i]:
                 j = i + 1  # a text run: to the next image token or sequence start
-                while j < width and not is_image[j] and not row_starts[j]:
+                while j < width and not image[j] and not row_starts[j]:
                     j += 1
                 out[:, row, i:j] = torch.arange(current, current + j - i)
                 current += j - i
@@ -110,7 +128,7 @@ def mrope_positions(
                 )
             t, h, w = grid[0], grid[1] // spatial_merge_size, grid[2] // spatial_merge_size
             count = t * h * w
-            if i + count > width or not all(is_image[i : i + count]):
+            if i + count > width or not all(image[i : i + count]):
                 raise ValueError(
                     f"an image of grid {grid} needs {count} consecutive image tokens at position {i}: the prompt's "
                     "image tokens do not match the sample's image_grid_thw"
@@ -122,7 +140,7 @@ def mrope_positions(
             i += count
     if next(grids, None) is not None:
         raise ValueError("the micro-batch's image_grid_thw describes more images than its tokens hold")
-    return out.to(input_ids.device)
+    return out.to(is_image.device)
 
 
 class InterleavedMultimodalRotaryEmbedding(MultimodalRotaryEmbedding):
@@ -148,6 +166,7 @@ class VisionLanguageGPTModel(GPTModel):
     def __init__(self, *args: Any, vl_config: Any, mrope_interleaved: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, scatter_embedding_sequence_parallel=False, **kwargs)
         self.image_token_id = int(vl_config.image_token_id)
+        self.vision_start_id = int(vl_config.vision_start_token_id)
         self.spatial_merge_size = int(vl_config.vision_config.spatial_merge_size)
         if mrope_interleaved:
             old = self.rotary_pos_emb
@@ -207,11 +226,14 @@ class VisionLanguageGPTModel(GPTModel):
         return self.model.visual if self.tower_path == "model.visual" else self.visual
 
     def _image_embeddings(
-        self, input_ids: torch.Tensor, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        is_image: torch.Tensor,
+        pixel_values: torch.Tensor | None,
+        image_grid_thw: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Word embeddings [T, rows, H] with the image embeddings at the image-pad tokens."""
+        """Word embeddings [T, rows, H] with the image embeddings at the image tokens."""
         embeddings = self.embedding(input_ids=input_ids, position_ids=None)
-        is_image = input_ids == self.image_token_id
         if pixel_values is None:
             if bool(is_image.any()):
                 raise ValueError(
@@ -245,9 +267,10 @@ class VisionLanguageGPTModel(GPTModel):
         **kwargs: Any,
     ) -> torch.Tensor:
         """GPTModel's forward with the images in place and 3-D rope positions (position_ids: per-sequence 1-D)."""
-        rope = mrope_positions(input_ids, position_ids, image_grid_thw, self.image_token_id, self.spatial_merge_size)
+        is_image = image_token_mask(input_ids, self.image_token_id, self.vision_start_id)
+        rope = mrope_positions(is_image, position_ids, image_grid_thw, self.spatial_merge_size)
         if self.pre_process and decoder_input is None:
-            decoder_input = self._image_embeddings(input_ids, pixel_values, image_grid_thw)
+            decoder_input = self._image_embeddings(input_ids, is_image, pixel_values, image_grid_thw)
             if self.config.sequence_parallel:
                 from megatron.core import tensor_parallel
 
@@ -281,12 +304,16 @@ def micro_batch_inputs(
 
 
 def check_text_only_loss(
-    tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], loss_masks: Sequence[Sequence[int]], image_id: int
+    tokens: Sequence[Sequence[int]],
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[Sequence[int]],
+    image_id: int,
+    vision_start_id: int,
 ) -> None:
-    """A ValueError if a loss-masked response token is an image-pad token (images belong to the prompt)."""
+    """A ValueError if a loss-masked response token holds an image (images belong to the prompt or observations)."""
     for k, (seq, length, mask) in enumerate(zip(tokens, response_lengths, loss_masks, strict=True)):
-        response = list(seq[len(seq) - length :])
-        if any(m and t == image_id for t, m in zip(response, mask, strict=False)):
+        is_image = image_token_mask(torch.tensor(seq), image_id, vision_start_id)[len(seq) - length :].tolist()
+        if any(m and image for image, m in zip(is_image, mask, strict=False)):
             raise ValueError(
                 f"sequence {k}: an image token is inside the loss mask: image tokens must be prompt tokens (or masked "
                 "out with loss_mask 0 when a multi-turn rollout adds images between turns)"
@@ -424,7 +451,10 @@ def training_images(data: Any, model: Sequence[torch.nn.Module]) -> list[Any] | 
     if not images or not any(images):
         return None
     if getattr(data, "loss_masks", None):
-        check_text_only_loss(data.tokens, data.response_lengths, data.loss_masks, _unwrapped(model).image_token_id)
+        chunk = _unwrapped(model)
+        check_text_only_loss(
+            data.tokens, data.response_lengths, data.loss_masks, chunk.image_token_id, chunk.vision_start_id
+        )
     return list(images)
 
 
