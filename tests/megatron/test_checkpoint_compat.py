@@ -109,7 +109,7 @@ def test_ref_load_is_the_kl_reference_and_the_critic_saves_inside(make_actor, ti
     fresh = make_actor()._snapshot()  # the policy itself starts from --hf-checkpoint
     assert all(torch.equal(v, fresh[k]) for k, v in actor._snapshot().items())
     data = make_data()
-    ref_lp = actor._forward_with_weights(actor.ref_weights, data.tokens)
+    ref_lp = actor._forward_with_weights(actor.ref_weights, data)
     assert any(not torch.equal(a, b) for a, b in zip(ref_lp, actor.engine.forward_logprobs(data.tokens), strict=True))
 
     # PPO's critic is saved inside the policy's iteration directory and comes back with it.
