@@ -52,6 +52,10 @@ LISTEN_PORTS = (20000, 32000)
 
 # Its own generator: the trainer seeds the global one (cpu_compat.seed_all), so every process would draw alike.
 _PORT_DRAW = random.Random()
+# Ports handed out lately by this process: two draws before either is bound (a router's port and its metrics port,
+# an engine's port and its NCCL port) must not coincide (CI once started a router whose two ports were one).
+_HANDED_OUT: deque[int] = deque(maxlen=512)
+_HANDED_OUT_LOCK = threading.Lock()
 
 
 def free_port(host: str = "127.0.0.1", low: int | None = None, high: int | None = None) -> int:
@@ -59,12 +63,17 @@ def free_port(host: str = "127.0.0.1", low: int | None = None, high: int | None 
     still take it before it is bound, but not as an outgoing connection's source port."""
     low, high = (low, high) if low is not None and high is not None else LISTEN_PORTS
     for port in _PORT_DRAW.sample(range(low, high), min(200, high - low)):
+        with _HANDED_OUT_LOCK:
+            if port in _HANDED_OUT:
+                continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
-                return port
             except OSError:
                 continue
+        with _HANDED_OUT_LOCK:
+            _HANDED_OUT.append(port)
+        return port
     raise PortInUseError(f"no free port found on {host} in [{low}, {high}) after 200 tries")
 
 

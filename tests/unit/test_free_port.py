@@ -16,3 +16,10 @@ def test_free_port_leaves_the_global_generator_alone() -> None:
     assert after == random.random()  # the global draw did not move: the port came from elsewhere
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))  # and it was free
+
+
+def test_draws_before_either_is_bound_never_coincide() -> None:
+    # A router's port and its metrics port are both drawn before the router binds either (CI once saw them equal).
+    # A range of 40 ports makes a repeat all but certain in 30 independent draws.
+    ports = [free_port("127.0.0.1", 31900, 31940) for _ in range(30)]
+    assert len(set(ports)) == len(ports)
