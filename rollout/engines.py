@@ -245,7 +245,7 @@ class RouterHost:
     def start(self) -> str:
         """Start the router and wait until it lists every worker healthy; its URL. On `port` when given and free
         (the port of a router whose actor died), else on a free one."""
-        self.router.restart(self.router.worker_urls)  # nothing to stop yet: starts it, moving if the port is taken
+        self.router.start_or_move()
         return self.router.url
 
     def list_workers(self) -> list[dict[str, Any]]:

@@ -121,7 +121,7 @@ class EngineFleet(EngineRestarts):
         if router_url is None:
             Path(self.log_dir).mkdir(parents=True, exist_ok=True)
             self.router = SGLangRouter(self._server_urls, policy=self.args.router_policy, log_dir=self.log_dir)
-            self.router.start()
+            self.router.start_or_move()
             self.router_url = self.router.url
 
     def _start_monitors(self) -> None:

@@ -129,16 +129,20 @@ class SGLangRouter:
             self.process.stop(self.stop_timeout)  # also ends whatever is left in its process group
             self.process = None
         self.worker_urls = [_norm(u) for u in worker_urls]
+        self.start_or_move()
+        return old
+
+    def start_or_move(self) -> SGLangRouter:
+        """start(), on a free port instead when the port (chosen or drawn) is taken by the time the router binds it."""
         try:
-            self.start()
+            return self.start()
         except (PortInUseError, ProcessStartError) as exc:
             if not isinstance(exc, PortInUseError) and "address already in use" not in str(exc).lower():
                 raise
             cause = str(exc).splitlines()[0]
             logger.warning("sglang-router: port %s was taken meanwhile (%s); starting on a free port", self.port, cause)
             self.process, self.port = None, None
-            self.start()
-        return old
+            return self.start()
 
     def stop(self) -> int | None:
         """Stop the router (SIGTERM, SIGKILL after `stop_timeout`); return its exit status."""
