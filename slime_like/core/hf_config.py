@@ -29,6 +29,9 @@ FIELD_NAMES: dict[str, tuple[str, ...]] = {
     # MTP layers the checkpoint carries: DeepSeek / GLM / MiMo nextn layers, Qwen3.5's, MiniMax-M2's modules.
     "mtp_num_layers": ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "num_mtp_layers"),
 }
+# Fields the outer config of a nested one decides: transformers' *ForConditionalGeneration ties its LM head by its own
+# tie_word_embeddings (Qwen3-VL-MoE's text config defaults to true beside the published outer false).
+OUTER_FIELDS = ("tie_word_embeddings",)
 
 
 def load_hf_config(path: str | Path) -> Any:
@@ -52,11 +55,12 @@ def hf_field_named(config: Any, field: str) -> tuple[str, Any]:
     """(the name it was found under, its value) of `field` in an HF config, outer or nested; (field, None) if absent.
 
     The language model's config is read first; a field only the outer config holds (a multimodal checkpoint's
-    quantization_config or tie_word_embeddings) is read there.
+    quantization_config) is read there, and OUTER_FIELDS are read there first.
     """
     names = FIELD_NAMES.get(field, (field,))
     text = text_config(config)
-    for source in (text, config) if text is not config else (text,):
+    sources = (text, config) if text is not config else (text,)
+    for source in reversed(sources) if field in OUTER_FIELDS else sources:
         for name in names:
             value = getattr(source, name, None)
             if value is not None:

@@ -10,8 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-# Kinds whose Megatron tensor is [gate; up]: separate HF tensors, or one already stacked (GLM-4's gate_up_proj).
-_GATE_UP = ("gate_up", "fused_gate_up")
+# Kinds whose Megatron tensor is [gate; up]: separate HF tensors, one already stacked (GLM-4's gate_up_proj), or one
+# expert's slice of a layer's stacked experts (Qwen3-VL-MoE: stacked_experts.py).
+_GATE_UP = ("gate_up", "fused_gate_up", "expert_gate_up")
+# One expert's slice of a stacked HF experts tensor in the published layout ([hidden, 2 x inter] gate_up, [inter,
+# hidden] down): Megatron's fc1 / fc2 is its transpose.
+EXPERT_SLICES = ("expert_gate_up", "expert_down")
 # Gated delta net (Qwen3-Next, Qwen3.5): Megatron's in_proj is [q; k; v; z; b; a] of all heads, conv1d [q; k; v].
 _GDN_KINDS = ("gdn_in_proj", "gdn_in_proj_split", "gdn_conv1d")
 
@@ -59,6 +63,8 @@ def to_megatron(
         return torch.cat(hf, dim=0)
     if kind == "fused_gate_up":
         return hf[0]
+    if kind in EXPERT_SLICES:
+        return hf[0].t()
     if kind == "swap_halves":
         return _swap_halves(hf[0])
     if kind in ("gdn_conv1d", "gdn_in_proj_split"):  # conv1d: the same layout; Qwen3.5: qkv, z, b, a stacked
@@ -89,6 +95,8 @@ def to_hf(kind: str, full: torch.Tensor, attn: AttentionShape | None, hf_rows: i
         return list(full.chunk(2, dim=0))
     if kind == "fused_gate_up":
         return [full]
+    if kind in EXPERT_SLICES:
+        return [full.t()]
     if kind == "swap_halves":
         return [_swap_halves(full)]
     if kind == "gdn_conv1d":

@@ -7,7 +7,8 @@ tensors they are made of, with how they combine:
 - "qkv": q, k, v projections fused per query group (Megatron's layout: [q of the group, k, v]);
 - "gate_up": gate and up projections stacked (the SwiGLU fc1);
 - "fused_gate_up": the same fc1 stored as one HF tensor (GLM-4's gate_up_proj);
-- "vocab": embedding / output rows, padded in Megatron to a multiple of its vocabulary divisor.
+- "vocab": embedding / output rows, padded in Megatron to a multiple of its vocabulary divisor;
+- "expert_gate_up" / "expert_down": one expert's slice of a layer's stacked experts tensor (stacked_experts.py).
 
 Megatron names are those of the local layer spec (what runs on CPU); Transformer Engine's names for
 the same parameters are translated by TE_ALIASES first.
@@ -29,7 +30,7 @@ class Rule:
     """How one Megatron parameter is made of HF tensors."""
 
     hf: tuple[str, ...]
-    kind: str = "copy"  # copy | qkv | gate_up | fused_gate_up | vocab | swap_halves
+    kind: str = "copy"  # copy | qkv | gate_up | fused_gate_up | vocab | swap_halves | expert_gate_up | expert_down
     layer_offset: int = 0  # added to the layer number in the HF names (DeepSeek's MTP layers follow the main ones)
 
 
@@ -234,6 +235,18 @@ _QWEN3_VL = {
     },
 }
 
+_QVL = "model.language_model.layers.{layer}.mlp"
+# Qwen3-VL-MoE: Qwen3-VL's names (dense layers of mlp_only_layers keep them), the router, and routed experts stored
+# stacked, one tensor per layer and projection whose expert slices are Megatron's experts (stacked_experts.py).
+_QWEN3_VL_MOE = {
+    **_QWEN3_VL,
+    f"{_M}.mlp.router.weight": _copy(f"{_QVL}.gate.weight"),
+    f"{_M}.mlp.experts.local_experts.{{expert}}.linear_fc1.weight": Rule(
+        (f"{_QVL}.experts.gate_up_proj",), "expert_gate_up"
+    ),
+    f"{_M}.mlp.experts.local_experts.{{expert}}.linear_fc2.weight": Rule((f"{_QVL}.experts.down_proj",), "expert_down"),
+}
+
 _MBRIDGE = "mbridge.models"
 _OURS = "slime_like.trainer.megatron.bridges"
 _VL = "slime_like.trainer.megatron.vision_language"
@@ -279,6 +292,11 @@ def _families() -> dict[str, Family]:
         # Qwen3-VL (dense): Qwen3's layers under text_config with interleaved mrope, beside transformers' vision tower
         # whose deepstack features enter the first layers (vision_language.py).
         **dict.fromkeys(("qwen3_vl", "qwen3_vl_text"), Family(f"{_VL}:Qwen3VLBridge", _QWEN3_VL)),
+        # Qwen3-VL-MoE: Qwen3-MoE's layers in Qwen3-VL's place, its experts stacked in the checkpoint (qwen3_vl_moe.py).
+        **dict.fromkeys(
+            ("qwen3_vl_moe", "qwen3_vl_moe_text"),
+            Family("slime_like.trainer.megatron.qwen3_vl_moe:Qwen3VLMoeBridge", _QWEN3_VL_MOE),
+        ),
         # Qwen3.5 / 3.6: Qwen3-Next's layers (in_proj split in four) under text_config, beside transformers' vision
         # tower (vision_language.py); the bridge holds the text config (model_type qwen3_5_text / qwen3_5_moe_text,
         # whose own checkpoints have no tower).
@@ -308,12 +326,11 @@ _VISION_BLOCK = re.compile(r"(?<=^visual\.blocks\.)(\d+)(?=\.)|(?<=^model\.visua
 
 # Vision-language families whose vision path the trainer does not build yet (vision_language.py builds Qwen2.5-VL's).
 VISION_NOT_BUILT = {
-    "qwen3_vl_moe": "Qwen3-VL-MoE",
     "qwen2_vl": "Qwen2-VL",
     "glm4v": "GLM-4.1V",
     "glm4v_moe": "GLM-4.5V",
 }
-VISION_BUILT = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
+VISION_BUILT = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 def vision_problem(hf_config: Any) -> str | None:

@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 
-from slime_like.trainer.megatron.conversion import AttentionShape, shard, to_hf, to_megatron, unshard
+from slime_like.trainer.megatron.conversion import EXPERT_SLICES, AttentionShape, shard, to_hf, to_megatron, unshard
 from slime_like.trainer.megatron.families import Rule, is_vision_name, rules_for, template
 from slime_like.trainer.megatron.lora import is_adapter_param
+from slime_like.trainer.megatron.stacked_experts import ExpertStacks, read_expert
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 # MiMo's own place for its MTP layers; Qwen3-Next and Qwen3.5 keep theirs (fc, norms, layers) under mtp. (Qwen3.5's
@@ -64,6 +65,13 @@ class HFCheckpoint:
 
     def get(self, name: str, wanted_by: str) -> torch.Tensor:
         """One tensor; a KeyError naming the Megatron parameter that needs it if it is absent."""
+        return self._open_file(name, wanted_by).get_tensor(name)
+
+    def get_slice(self, name: str, wanted_by: str) -> Any:
+        """safetensors' lazy slice of one tensor (indexing it reads only that part), as `get` finds it."""
+        return self._open_file(name, wanted_by).get_slice(name)
+
+    def _open_file(self, name: str, wanted_by: str) -> Any:
         if name not in self.files:
             hint = ""
             if name.startswith(("model.layers.", "visual.")) and any(
@@ -76,7 +84,7 @@ class HFCheckpoint:
         path = self.files[name]
         if path not in self._open:
             self._open[path] = safe_open(path, "pt")
-        return self._open[path].get_tensor(name)
+        return self._open[path]
 
 
 def _refuse_fp8(tensors: list[torch.Tensor], names: list[str], directory: Path) -> None:
@@ -169,6 +177,7 @@ class _Layout:
         self.ep = (mpu.get_expert_model_parallel_world_size(), mpu.get_expert_model_parallel_rank())
         self.pp = (mpu.get_pipeline_model_parallel_world_size(), mpu.get_pipeline_model_parallel_rank())
         self.num_local_experts = (config.num_moe_experts or 0) // self.ep[0]
+        self.hidden = config.hidden_size
 
     def tp_of(self, entry: _Entry) -> tuple[int, int]:
         """(size, rank) of the tensor-parallel group that splits this parameter."""
@@ -191,7 +200,10 @@ def load_hf_weights(model: list[torch.nn.Module], hf_dir: str | Path, hf_config:
                 names = entry.hf_names(expert)
                 size, rank = layout.tp_of(entry)
                 rows = entry.tensor.shape[0] * size if entry.rule.kind == "vocab" else None
-                hf = [checkpoint.get(n, entry.name) for n in names]
+                if entry.rule.kind in EXPERT_SLICES:  # one expert of a stacked tensor (stacked_experts.py)
+                    hf = [read_expert(checkpoint, names[0], expert, entry.rule.kind, layout.hidden, entry.name)]
+                else:
+                    hf = [checkpoint.get(n, entry.name) for n in names]
                 _refuse_fp8(hf, names, checkpoint.directory)
                 full = to_megatron(entry.rule.kind, hf, layout.attn, rows)
                 part = shard(entry.rule.kind, full, entry.dim, size, rank, layout.attn)
@@ -230,6 +242,7 @@ def export_hf_weights(model: list[torch.nn.Module], hf_config: Any, config: Any)
     device = local[0].tensor.device
     mine = iter(local)
     seen: set[str] = set()
+    stacks = ExpertStacks(layout.num_local_experts * layout.ep[0])  # stacked experts tensors (stacked_experts.py)
     with torch.no_grad():
         for stage, entries in enumerate(stages):
             for entry in entries:
@@ -239,14 +252,17 @@ def export_hf_weights(model: list[torch.nn.Module], hf_config: Any, config: Any)
                     tensor = torch.empty(entry.shape, dtype=entry.dtype, device=device)
                 if pp_size > 1:
                     dist.broadcast(tensor, group=mpu.get_pipeline_model_parallel_group(), group_src=stage)
-                for name, value in _full_hf_tensors(entry, tensor, layout):
-                    if name not in seen:
+                for name, expert, value in _full_hf_tensors(entry, tensor, layout):
+                    value = stacks.add(entry.rule.kind, name, expert, value)
+                    if value is not None and name not in seen:
                         seen.add(name)
                         yield name, value
 
 
-def _full_hf_tensors(entry: _Entry, tensor: torch.Tensor, layout: _Layout) -> Iterator[tuple[str, torch.Tensor]]:
-    """Gather one parameter over TP (or expert TP) and, for experts, EP; convert it to HF tensors."""
+def _full_hf_tensors(
+    entry: _Entry, tensor: torch.Tensor, layout: _Layout
+) -> Iterator[tuple[str, int | None, torch.Tensor]]:
+    """Gather one parameter over TP (or expert TP) and, for experts, EP; convert it to (HF name, expert, tensor)."""
     from megatron.core import parallel_state as mpu
 
     kind = entry.rule.kind
@@ -262,5 +278,5 @@ def _full_hf_tensors(entry: _Entry, tensor: torch.Tensor, layout: _Layout) -> It
         gathered = _gather(full, ep_size, mpu.get_expert_model_parallel_group())
         experts = [(layout.global_expert(entry.expert, r), t) for r, t in enumerate(gathered)]
     for expert, value in experts:
-        names = entry.hf_names(expert)
-        yield from zip(names, to_hf(kind, value, layout.attn, layout.hf_vocab), strict=True)
+        for name, hf in zip(entry.hf_names(expert), to_hf(kind, value, layout.attn, layout.hf_vocab), strict=True):
+            yield name, expert, hf

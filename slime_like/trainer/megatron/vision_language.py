@@ -17,8 +17,8 @@ Parallelism: the tower is replicated on every TP rank (its inputs and the gradie
 there, so its gradients are too), its parameters are ordinary DDP parameters (reduced over DP with the LM's, in the
 optimizer with them), and Megatron counts them once in the grad norm (not tensor-parallel). Freeze it with slime's
 `--freeze-params-name-list visual`; a run without --multimodal-keys freezes it (freeze_tower). Not built: videos,
-context parallel, Qwen3-VL-MoE; Qwen3-VL's deepstack features (added after the first layers by forward hooks) need
-those layers on the first pipeline stage and no sequence parallel or full recompute.
+context parallel. Qwen3-VL's (and Qwen3-VL-MoE's: qwen3_vl_moe.py) deepstack features (added after the first layers
+by forward hooks) need those layers on the first pipeline stage and no sequence parallel or full recompute.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mbridge.models.qwen3 import Qwen3Bridge
 from megatron.core.models.common.embeddings.rotary_pos_embedding import MultimodalRotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 
-from slime_like.core.hf_config import text_config
+from slime_like.core.hf_config import hf_field, text_config
 from slime_like.trainer.megatron.bridges import Qwen3_5Bridge, fix_hf_config, rope_parameters
 
 # The processor's tensors the trainer feeds the model (slime's Sample.multimodal_train_inputs); other keys (e.g.
@@ -46,6 +46,7 @@ VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
 TOWERS = {
     "qwen2_5_vl": ("qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel", "visual"),
     "qwen3_vl": ("qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionModel", "model.visual"),
+    "qwen3_vl_moe": ("qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeVisionModel", "model.visual"),
     "qwen3_5": ("qwen3_5.modeling_qwen3_5", "Qwen3_5VisionModel", "model.visual"),
     "qwen3_5_moe": ("qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeVisionModel", "model.visual"),
 }
@@ -355,6 +356,7 @@ class VisionLanguageBridge:
     def _text_config(hf_config: Any) -> Any:
         text = text_config(hf_config)
         fix_hf_config(text)
+        text.tie_word_embeddings = hf_field(hf_config, "tie_word_embeddings", False)  # the outer config's (hf_config)
         return text
 
     def _build_config(self) -> Any:
@@ -463,7 +465,7 @@ def refuse_images(multimodal: Sequence[dict[str, Any] | None], hf_config: Any) -
     if any(inputs and inputs.get(key) is not None for inputs in multimodal for key in IMAGE_KEYS + VIDEO_KEYS):
         raise ValueError(
             f"image inputs reached the trainer, but this model ({getattr(hf_config, 'model_type', None)}) is built "
-            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL, Qwen3-VL and Qwen3.5 "
-            "(qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_5_moe). Train one of those, or drop --multimodal-keys to train "
-            "on text"
+            "without a vision tower: the trainer's vision path is built for Qwen2.5-VL, Qwen3-VL(-MoE) and Qwen3.5 "
+            "(qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe). Train one of those, or drop --multimodal-keys "
+            "to train on text"
         )
