@@ -10,37 +10,21 @@ from __future__ import annotations
 
 import sys
 
-import torch
-import torch.distributed as dist
-
 SIZES = {
-    "tp2": (2, 1, None),
-    "pp2": (1, 2, None),
-    "dp2": (1, 1, None),
-    "vpp2": (1, 2, 2),
-    "ep2": (1, 1, None),
-}  # tp, pp, vpp
-EXPERT_PARALLEL = {"ep2": 2}
+    "tp2": {"tp": 2},
+    "pp2": {"pp": 2},
+    "dp2": {},
+    "vpp2": {"pp": 2, "vpp": 2},
+    "ep2": {"ep": 2},
+}  # init_parallel's sizes
 
 
 def main(out: str, runs: list[str]) -> None:
     """Run each LAYOUT:HF_DIR in turn and save {run: results} from rank 0."""
-    from megatron.core import parallel_state as mpu
-
-    from slime_like.trainer.megatron.parallel import init_parallel
     from tests.megatron.common import train_run
+    from tests.megatron.launch import run_layouts
 
-    results = {}
-    for run in runs:
-        layout, hf_dir = run.split(":", 1)
-        tp, pp, vpp = SIZES[layout]
-        init_parallel(tp=tp, pp=pp, ep=EXPERT_PARALLEL.get(layout, 1), vpp=vpp, seed=1234)
-        results[run] = train_run(hf_dir)
-        mpu.destroy_model_parallel()
-        dist.barrier()
-    if dist.get_rank() == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
+    run_layouts(out, [(run, SIZES[run.split(":", 1)[0]]) for run in runs], lambda run: train_run(run.split(":", 1)[1]))
 
 
 if __name__ == "__main__":

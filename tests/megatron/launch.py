@@ -1,4 +1,5 @@
-"""Run a worker script on several ranks with torchrun, killing the whole process group on timeout."""
+"""Both sides of a multi-rank test: run a worker script with torchrun (killing its process group on timeout), and in
+the worker run one body per parallel layout (run_layouts)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +48,23 @@ def torchrun(worker: Path, args: list[str], timeout: int = 300, nproc: int = 2) 
         pytest.fail(f"torchrun timed out after {timeout} s:\n{output[-6000:]}")
     assert proc.returncode == 0, output[-8000:]
     return output
+
+
+def run_layouts(out: str | Path, layouts: Iterable[tuple[str, dict]], body: Callable[[str], Any]) -> None:
+    """In a torchrun worker: per (key, init_parallel sizes), set up Megatron's parallel state, run body(key), tear the
+    state down; then rank 0 saves {key: result} to `out` and the process group ends."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    from slime_like.trainer.megatron.parallel import init_parallel
+
+    results = {}
+    for key, sizes in layouts:
+        init_parallel(**sizes, seed=1234)  # one seed for every layout: the same random state as the reference run
+        results[key] = body(key)
+        mpu.destroy_model_parallel()
+        dist.barrier()
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()

@@ -40,13 +40,11 @@ def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
     """Run the step at each layout and save the results from rank 0."""
     from megatron.core import parallel_state as mpu
 
-    from slime_like.trainer.megatron.parallel import init_parallel
+    from tests.megatron.launch import run_layouts
     from tests.megatron.test_mtp import SEQUENCES, _batch, _engine, _policy_loss
 
-    results = {}
-    for layout in layouts.split(","):
-        sizes, overrides = LAYOUTS[layout]
-        init_parallel(**sizes, seed=1234)
+    def step(layout: str) -> tuple:
+        overrides = LAYOUTS[layout][1]
         engine = _engine(hf_dir, mtp=True, **overrides)
         holds_mtp: list = [None] * dist.get_world_size()
         dist.all_gather_object(holds_mtp, any(engine.mtp.on(chunk) for chunk in engine.model))
@@ -63,12 +61,9 @@ def main(out: str, hf_dir: str, layouts: str = "tp2,dp2") -> None:
             engine.save_checkpoint(Path(out).with_name("pp2-ckpt"))
         embeddings: list = [None] * dist.get_world_size()  # per rank its (TP part of the) word embedding
         dist.all_gather_object(embeddings, _word_embedding(engine))
-        results[layout] = (metrics, exported, logprobs, initial, holds_mtp, embeddings)
-        mpu.destroy_model_parallel()
-        dist.barrier()
-    if dist.get_rank() == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
+        return metrics, exported, logprobs, initial, holds_mtp, embeddings
+
+    run_layouts(out, [(layout, LAYOUTS[layout][0]) for layout in layouts.split(",")], step)
 
 
 if __name__ == "__main__":
