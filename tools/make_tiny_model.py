@@ -150,11 +150,39 @@ def make_tiny_model(args: argparse.Namespace) -> Path:
         saved = json.loads((out / "config.json").read_text())
         saved.update(full_attention_interval=2, rope_theta=10000.0, partial_rotary_factor=0.25)
         (out / "config.json").write_text(json.dumps(saved, indent=2))
+    write_tokenizer_and_record(out, tokenizer, eos_id, pad_id, args)
+    return out
+
+
+def write_tokenizer_and_record(out: Path, tokenizer, eos_id: int, pad_id: int, args: argparse.Namespace) -> None:
+    """The tail every tiny checkpoint shares: its tokenizer, a generation config and the arguments it was made with."""
+    import transformers
+
     tokenizer.save_pretrained(out)
     gen = transformers.GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=eos_id)
     gen.save_pretrained(out)
     (out / "slime_like_tiny.json").write_text(json.dumps(vars(args), indent=1, default=str))
-    return out
+
+
+def add_lm_arguments(
+    p: argparse.ArgumentParser,
+    max_position_embeddings: int = 2048,
+    moe_families: str = "qwen3_moe and qwen3_next",
+    num_layers: int | None = 2,
+    num_layers_help: str | None = None,
+) -> None:
+    """The language model's size flags (and seed) both tiny-checkpoint tools take, with each tool's defaults."""
+    p.add_argument("--vocab-size", type=int, default=512, help="tokenizer vocabulary size to train")
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--ffn-hidden-size", type=int, default=128, help="dense MLPs' width, and each expert's")
+    p.add_argument("--num-layers", type=int, default=num_layers, help=num_layers_help)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-kv-heads", type=int, default=2)
+    p.add_argument("--max-position-embeddings", type=int, default=max_position_embeddings)
+    p.add_argument("--num-experts", type=int, default=4, help=f"{moe_families} only")
+    p.add_argument("--moe-top-k", type=int, default=2, help=f"{moe_families} only")
+    p.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=0)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -162,17 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--family", default="qwen3", choices=FAMILIES)
-    p.add_argument("--vocab-size", type=int, default=512, help="tokenizer vocabulary size to train")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--ffn-hidden-size", type=int, default=128)
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--num-kv-heads", type=int, default=2)
-    p.add_argument("--max-position-embeddings", type=int, default=2048)
-    p.add_argument("--num-experts", type=int, default=4, help="qwen3_moe and qwen3_next only")
-    p.add_argument("--moe-top-k", type=int, default=2, help="qwen3_moe and qwen3_next only")
-    p.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--seed", type=int, default=0)
+    add_lm_arguments(p)
     return p.parse_args(argv)
 
 

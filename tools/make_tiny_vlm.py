@@ -1,7 +1,8 @@
 """Write a tiny, randomly initialised Hugging Face vision-language checkpoint with its processor.
 
-The checkpoint is a real family's ``*ForConditionalGeneration`` (Qwen2.5-VL, Qwen3-VL or Qwen3.5) with a two-block
-vision tower and a two-layer language model, a locally trained BPE tokenizer carrying the family's vision special
+The checkpoint is a real family's ``*ForConditionalGeneration`` (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE or Qwen3.5) with a
+two-block vision tower and a two-layer language model (Qwen3-VL-MoE: three of each, for its three deepstack features
+as published; its experts stacked in the published layout, which SGLang reads), a locally trained BPE tokenizer carrying the family's vision special
 tokens, an image processor sized so one image is a handful of tokens, and a chat template that renders image content
 parts as the Qwen templates do (``<|vision_start|><|image_pad|><|vision_end|>``, the processor then expands the pad to
 one token per merged patch). ``AutoProcessor.from_pretrained(out)`` and ``AutoModelForImageTextToText`` load it.
@@ -19,9 +20,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable for tools.make_tiny_model
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.make_tiny_model import train_tokenizer  # noqa: E402
+from tools.make_tiny_model import add_lm_arguments, train_tokenizer, write_tokenizer_and_record  # noqa: E402
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 
 VISION_TOKENS = [
     "<|vision_start|>",
@@ -54,8 +55,11 @@ VL_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# (patch size, processor class) per family: Qwen2.5-VL uses 14-pixel patches, Qwen3-VL and Qwen3.5 16-pixel ones.
-_PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_5": 16}
+# Patch size per family: Qwen2.5-VL uses 14-pixel patches, Qwen3-VL(-MoE) and Qwen3.5 16-pixel ones.
+_PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16, "qwen3_5": 16}
+# Layers (and vision blocks) where the tool's defaults differ: SGLang's Qwen3-VL-MoE adds three deepstack features
+# (range(3), as the published models' deepstack_visual_indexes [8, 16, 24]), so it needs three blocks and layers.
+_DEPTH = {"qwen3_vl_moe": 3}
 
 
 def vl_tokenizer(vocab_size: int, seed: int):
@@ -122,9 +126,10 @@ def build_config(family: str, vocab_size: int, args: argparse.Namespace, ids: di
             tie_word_embeddings=args.tie_word_embeddings,
             **token_ids,
         )
-    if family == "qwen3_vl":
+    if family in ("qwen3_vl", "qwen3_vl_moe"):
         sections = [half - 2 * (half // 4), half // 4, half // 4]  # 24:20:20 interleaved in the real models
-        vision.update(num_position_embeddings=64, deepstack_visual_indexes=[0])
+        deepstack = [0] if family == "qwen3_vl" else list(range(3))
+        vision.update(num_position_embeddings=64, deepstack_visual_indexes=deepstack)
         text.update(head_dim=head_dim)
         text["rope_parameters"] = {
             "rope_type": "default",
@@ -132,9 +137,13 @@ def build_config(family: str, vocab_size: int, args: argparse.Namespace, ids: di
             "mrope_section": sections,
             "mrope_interleaved": True,
         }
-        return transformers.Qwen3VLConfig(
-            text_config=text, vision_config=vision, tie_word_embeddings=args.tie_word_embeddings, **token_ids
-        )
+        cls = transformers.Qwen3VLConfig
+        if family == "qwen3_vl_moe":  # every layer MoE, normalised top-k, as Qwen3-VL-30B-A3B's config
+            cls = transformers.Qwen3VLMoeConfig
+            text.update(num_experts=args.num_experts, num_experts_per_tok=args.moe_top_k,
+                        moe_intermediate_size=args.ffn_hidden_size, decoder_sparse_step=1, mlp_only_layers=[],
+                        norm_topk_prob=True)  # fmt: skip
+        return cls(text_config=text, vision_config=vision, tie_word_embeddings=args.tie_word_embeddings, **token_ids)
     if family == "qwen3_5":
         rotary = head_dim // 4  # partial_rotary_factor 0.25
         sections = [rotary // 2 - 2 * (rotary // 8), rotary // 8, rotary // 8]
@@ -200,17 +209,32 @@ def make_tiny_vlm(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
+    if args.family == "qwen3_vl_moe":
+        publish_stacked_experts(out)
     if args.family == "qwen3_5":  # the published text_config field SGLang reads (transformers keeps layer_types)
         saved = json.loads((out / "config.json").read_text())
         saved["text_config"]["full_attention_interval"] = 2
         (out / "config.json").write_text(json.dumps(saved, indent=2))
     processor = build_processor(args.family, tokenizer, args)
     processor.save_pretrained(out)
-    tokenizer.save_pretrained(out)  # the tokenizer's own copy of the chat template, for text-only readers
-    eos, pad = ids["eos_token_id"], ids["pad_token_id"]
-    transformers.GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=eos).save_pretrained(out)
-    (out / "slime_like_tiny.json").write_text(json.dumps(vars(args), indent=1, default=str))
+    # The tokenizer keeps its own copy of the chat template, for text-only readers.
+    write_tokenizer_and_record(out, tokenizer, ids["eos_token_id"], ids["pad_token_id"], args)
     return out
+
+
+def publish_stacked_experts(out: Path) -> None:
+    """Rewrite a Qwen3-VL-MoE checkpoint's stacked experts in the published layout ([experts, hidden, 2 x inter],
+    [experts, inter, hidden]): transformers 5 saves their transposes, which SGLang's loader misreads (it transposes
+    every expert); transformers loads either by shape."""
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(out.glob("*.safetensors")):
+        tensors = load_file(path)
+        stacked = [n for n in tensors if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))]
+        for name in stacked:
+            tensors[name] = tensors[name].transpose(1, 2).contiguous()
+        if stacked:
+            save_file(tensors, path, metadata={"format": "pt"})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -218,14 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--family", default="qwen2_5_vl", choices=FAMILIES)
-    p.add_argument("--vocab-size", type=int, default=512, help="tokenizer vocabulary size to train")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--ffn-hidden-size", type=int, default=128)
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--num-kv-heads", type=int, default=2)
-    p.add_argument("--max-position-embeddings", type=int, default=4096)
-    p.add_argument("--vision-depth", type=int, default=2)
+    add_lm_arguments(p, 4096, "qwen3_vl_moe", None, "language model layers (default: 2, Qwen3-VL-MoE 3)")
+    p.add_argument("--vision-depth", type=int, default=None, help="vision blocks (default: 2, Qwen3-VL-MoE 3)")
     p.add_argument("--vision-hidden-size", type=int, default=32)
     p.add_argument("--vision-num-heads", type=int, default=2)
     p.add_argument("--spatial-merge-size", type=int, default=2)
@@ -235,9 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-pixels", type=int, default=None, help="image processor's upper bound (default: 4x4 merged patches)"
     )
-    p.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    args.vision_depth = args.vision_depth or _DEPTH.get(args.family, 2)
+    args.num_layers = args.num_layers or _DEPTH.get(args.family, 2)
     factor = _PATCH[args.family] * args.spatial_merge_size
     args.min_pixels = args.min_pixels or (2 * factor) ** 2
     args.max_pixels = args.max_pixels or (4 * factor) ** 2
