@@ -1,7 +1,8 @@
 """Families beyond Qwen/Llama served by a real SGLang CPU server: its fp32 log-probs equal Megatron's for the same
 checkpoint, and after a training step and an in-place weight update (tensor, then distributed transport) they equal
 Megatron's new ones and pass the run's weight check, so the export's names and layouts are the ones SGLang's loader
-expects.
+expects. Qwen3-VL-MoE's weight check probes with an image: its vision tower, deepstack and stacked experts (written in
+the published layout SGLang's loader reads) are in the updates.
 
 One server per family, all started at the beginning, each loading while the trainer builds its model. Families SGLang's CPU engine cannot serve are
 listed in docs/models.md with the reason.
@@ -20,12 +21,22 @@ from tests.integration.test_weight_update import SEQUENCE, make_transport, train
 from tests.megatron.tiny_families import make_glm4, make_glm4_moe, make_mimo
 
 TOLERANCE = 1e-4  # mean absolute log-prob difference, fp32 on both sides
+
+
+def make_qwen3_vl_moe(out: Path, tokenizer_from: Path) -> Path:
+    """tools/make_tiny_vlm.py's Qwen3-VL-MoE, untied as published (its own tokenizer and processor)."""
+    from tools.make_tiny_vlm import make_tiny_vlm, parse_args
+
+    return make_tiny_vlm(parse_args(["--out", str(out), "--family", "qwen3_vl_moe", "--no-tie-word-embeddings"]))
+
+
 # family -> (tiny checkpoint maker, extra SGLang flags)
 SERVED = {
     "glm4_moe": (make_glm4_moe, []),
     "glm4": (make_glm4, []),
     # MiMo's config is custom code, like the real checkpoint's: the server adds --trust-remote-code itself.
     "mimo": (make_mimo, []),
+    "qwen3_vl_moe": (make_qwen3_vl_moe, []),
     # Not minimax_m2: SGLang 0.5.15's CPU engine dies at its first forward (a CUDA-only QK-norm kernel, docs/models.md).
     # Not glm_moe_dsa: SGLang's server arguments ask for the CUDA device capability of a DSA model (docs/models.md).
 }
