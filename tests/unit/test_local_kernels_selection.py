@@ -49,6 +49,18 @@ def test_flags_parse_and_default_to_auto() -> None:
         _args("--local-grouped-experts", "yes")
 
 
+def test_the_three_flags_share_one_scheme_and_group() -> None:
+    parser = argparse.ArgumentParser()
+    add_local_kernel_arguments(parser)
+    (group,) = [g for g in parser._action_groups if "local layer spec" in (g.title or "")]
+    flags = [a.option_strings[0] for a in group._group_actions]
+    assert flags == ["--local-core-attention", "--local-fused-elementwise", "--local-grouped-experts"]
+    assert (
+        _args().local_core_attention == "auto"
+        and _args("--local-core-attention", "sdpa").local_core_attention == "sdpa"
+    )
+
+
 def test_unknown_value_is_refused_by_flag() -> None:
     with pytest.raises(ValueError, match="--local-fused-elementwise 'fast'"):
         choose_local_kernels("fast", cuda=True, transformer_engine=False)

@@ -51,7 +51,7 @@ def test_features_move_auto_to_a_path_that_has_them() -> None:
     ],
 )
 def test_impossible_asks_name_the_flag(requested, kwargs, message) -> None:
-    with pytest.raises(ValueError, match="--attention-backend-torch") as error:
+    with pytest.raises(ValueError, match="--local-core-attention") as error:
         choose_attention(requested, **kwargs)
     assert message in str(error.value)
 
@@ -75,9 +75,11 @@ def test_flag_reaches_the_bridge_overrides_only_when_set() -> None:
     add_training_arguments(parser)
     parser.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     default = parser.parse_args([])
-    assert default.attention_backend_torch == "auto"
+    assert default.local_core_attention == "auto"
     assert "torch_attention" not in model_config_overrides(default, transformer_engine=False, cuda=True)
-    flex = parser.parse_args(["--attention-backend-torch", "flex"])
+    flex = parser.parse_args(["--local-core-attention", "flex"])
     assert model_config_overrides(flex, transformer_engine=False, cuda=False)["torch_attention"] == "flex"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--attention-backend-torch", "fast"])
+        parser.parse_args(["--local-core-attention", "fast"])
+    with pytest.raises(SystemExit):  # the name before the --local-* scheme: renamed, not kept
+        parser.parse_args(["--attention-backend-torch", "flex"])

@@ -15,8 +15,6 @@ from typing import Any
 from slime_like.core.hf_config import hf_field
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
-# Core attention from torch for the local (non-TE) spec (slime_like/trainer/megatron/torch_attention.py).
-TORCH_ATTENTION_CHOICES = ("auto", "varlen", "flex", "sdpa", "off")
 
 # Flags accepted without effect on every machine: (flag, argparse kwargs, why).
 ALWAYS_NO_EFFECT: tuple[tuple[str, dict[str, Any], str], ...] = (
@@ -99,13 +97,6 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--hidden-dropout", type=float, default=None, help="default: the HF config's (0 for most)")
     r.add_argument("--attention-dropout", type=float, default=None, help="default: the HF config's attention_dropout")
     r.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS, help="GPU with Transformer Engine")
-    r.add_argument(
-        "--attention-backend-torch",
-        default="auto",
-        choices=TORCH_ATTENTION_CHOICES,
-        help="without Transformer Engine: torch's core attention for packed (THD) micro-batches; auto = varlen on "
-        "CUDA (falling back to flex, then per-sequence SDPA, call by call), Megatron's local attention on the CPU",
-    )
     r.add_argument("--deterministic-mode", action="store_true", help="GPU: deterministic kernels")
     for flag, _, _ in TE_SWITCHES:
         r.add_argument(flag, action="store_true", help="GPU with Transformer Engine (off on the CPU path)")
@@ -144,7 +135,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     from slime_like.trainer.megatron.local_kernels_flags import add_local_kernel_arguments
 
-    add_local_kernel_arguments(parser)  # fused elementwise kernels and grouped experts without TE
+    add_local_kernel_arguments(parser)  # --local-core-attention, --local-fused-elementwise, --local-grouped-experts
 
 
 def validate_training_args(args: argparse.Namespace) -> None:
@@ -268,8 +259,8 @@ def model_config_overrides(args: argparse.Namespace, transformer_engine: bool, c
             out[field] = getattr(args, field)
     if getattr(args, "attention_softmax_in_fp32", False):
         out["attention_softmax_in_fp32"] = True
-    if getattr(args, "attention_backend_torch", "auto") != "auto":  # make_bridge's choice (torch_attention.py)
-        out["torch_attention"] = args.attention_backend_torch
+    if getattr(args, "local_core_attention", "auto") != "auto":  # make_bridge's choice (torch_attention.py)
+        out["torch_attention"] = args.local_core_attention
     if transformer_engine:
         if args.attention_backend is not None:
             out["attention_backend"] = args.attention_backend

@@ -1,10 +1,12 @@
 """Flags choosing the faster kernels of Megatron's local layer spec (no Transformer Engine), and the choice itself.
 
---local-fused-elementwise: RMSNorm (q/k norms included), RoPE and SwiGLU as torch.compile'd kernels
-(slime_like/trainer/megatron/fused_ops.py). --local-grouped-experts: MoE experts as one torch grouped GEMM per
-projection instead of SequentialMLP's per-expert loop (grouped_experts.py). Each is `auto` (on with CUDA, off on
-the CPU, where compiling costs more than it saves on tiny models), `on` or `off`; with Transformer Engine neither
-applies (TE's own fused modules run). Importing this module is cheap (no torch).
+One scheme, `--local-<what>`, for everything the local spec can swap in when TE is absent:
+--local-core-attention: the core attention from torch (varlen / flex / sdpa, torch_attention.py, which makes the
+choice); --local-fused-elementwise: RMSNorm (q/k and zero-centred norms included), RoPE and SwiGLU as
+torch.compile'd kernels (fused_ops.py); --local-grouped-experts: MoE experts as one torch grouped GEMM per
+projection instead of SequentialMLP's per-expert loop (grouped_experts.py). Each is `auto` by default (on with
+CUDA, off on the CPU, where compiling costs more than it saves on tiny models); with Transformer Engine none
+applies (TE's own modules run). Importing this module is cheap (no torch).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 CHOICES = ("auto", "on", "off")
 FLAGS = ("--local-fused-elementwise", "--local-grouped-experts")
+CORE_ATTENTION_FLAG = "--local-core-attention"
+CORE_ATTENTION_CHOICES = ("auto", "varlen", "flex", "sdpa", "off")
 
 
 @dataclass(frozen=True)
@@ -25,13 +29,20 @@ class LocalKernels:
 
 
 def add_local_kernel_arguments(parser: argparse.ArgumentParser) -> None:
-    """--local-fused-elementwise and --local-grouped-experts (auto/on/off)."""
+    """--local-core-attention, --local-fused-elementwise and --local-grouped-experts."""
     g = parser.add_argument_group("kernels without Transformer Engine (Megatron's local layer spec)")
+    g.add_argument(
+        CORE_ATTENTION_FLAG,
+        default="auto",
+        choices=CORE_ATTENTION_CHOICES,
+        help="torch's core attention for packed (THD) micro-batches; auto = varlen on CUDA (falling back to flex, "
+        "then per-sequence SDPA, call by call), Megatron's local attention on the CPU; off = Megatron's",
+    )
     g.add_argument(
         "--local-fused-elementwise",
         default="auto",
         choices=CHOICES,
-        help="RMSNorm, q/k norms, RoPE and SwiGLU fused by torch.compile; auto: on with CUDA, off on the CPU "
+        help="RMSNorm (q/k and zero-centred norms too), RoPE and SwiGLU fused by torch.compile; auto: on with CUDA, off on the CPU "
         "(on the CPU, `on` needs a C compiler)",
     )
     g.add_argument(

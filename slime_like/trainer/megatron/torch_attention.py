@@ -12,7 +12,7 @@ runs one of three torch paths:
 A call the chosen path cannot run (dtype, device, gradients, dropout) takes the next path in that order, never
 an approximation. GQA and sliding windows (config.window_size, per layer) run on every path; softmax offsets
 (config.softmax_type off-by-one/learnable) on none, so those models keep Megatron's attention.
-`choose_attention` decides from the flag (--attention-backend-torch, flags.py) whether the spec uses it.
+`choose_attention` decides from the flag (--local-core-attention, local_kernels_flags.py) whether the spec uses it.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from slime_like.trainer.megatron.flags import TORCH_ATTENTION_CHOICES
+from slime_like.trainer.megatron.local_kernels_flags import CORE_ATTENTION_CHOICES, CORE_ATTENTION_FLAG
 
 PATHS = ("varlen", "flex", "sdpa")
-CHOICES = TORCH_ATTENTION_CHOICES  # auto, the paths, off
-FLAG = "--attention-backend-torch"
+CHOICES = CORE_ATTENTION_CHOICES  # auto, the paths, off
+FLAG = CORE_ATTENTION_FLAG
 _FLEX_BLOCK = 128  # flex_attention's default sparse block size
 
 
