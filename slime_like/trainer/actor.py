@@ -372,7 +372,9 @@ class TrainActor:
         export = self.engine.export_adapter if self.engine.lora is not None else self.engine.export_hf_weights
         if self.lora_slots is not None:  # multi-LoRA: the adapters that changed since the servers got them
             export = partial(self.lora_slots.export, sorted(self.lora_slots.changed))
-        used = self.transport.update(export, version, mode)
+        # An in-place transport leaves out the frozen weights every engine holds already (megatron/frozen_weights.py).
+        in_place = None if self.engine.lora is not None else partial(self.engine.export_hf_weights, in_place=True)
+        used = self.transport.update(export, version, mode, in_place)
         if self.old_actor is not None:  # --keep-old-actor: slime's queue moves on with each update
             self.old_actor.rotate()
         if self.lora_slots is not None:

@@ -6,7 +6,8 @@ TrainData.multimodal_train_inputs) and TrainActor trains on it. Checked: the tra
 tokens stay out of the loss, the old-policy and reference forwards saw the images (ratio exactly 1, KL 0 on the first
 step), the trainer's log-probs of the sampled tokens equal SGLang's, the step moves the vision tower; then an in-place
 update carries the vision tower and the post-update check, whose probe holds an image, passes, while an update
-without the vision tower's tensors fails it.
+without the vision tower's tensors fails it. First, a run with the tower frozen (--freeze-params-name-list visual): its
+in-place update sends no vision tensor (megatron/frozen_weights.py) and the check passes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from slime_like.arguments import parse_args
 from slime_like.core.errors import WeightUpdateError
 
 TOLERANCE = 1e-4  # fp32 on both sides
+VISION = ("visual.", "model.visual.")  # the tower's HF names (Qwen2.5-VL, Qwen3-VL)
 
 
 def _png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
@@ -77,13 +79,14 @@ def test_image_rows_train_and_update_the_vision_tower(checkpoint, rows, server, 
     from slime_like.trainer.weights.check import check_servers
     from slime_like.trainer.weights.tensor import TensorTransport
 
-    args = parse_args(
+    argv = (
         ["--hf-checkpoint", str(checkpoint), "--prompt-data", str(rows / "rows.parquet"), "--input-key", "problem",
          "--label-key", "answer", "--multimodal-keys", '{"image": "images"}', "--apply-chat-template",
          "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
          "--rollout-max-response-len", "6", "--rollout-temperature", "1.0", "--lr", "3e-2", "--use-kl-loss",
-         "--kl-loss-coef", "0.1", "--output-dir", str(rows / "out")]
+         "--kl-loss-coef", "0.1", "--check-weight-update", "--output-dir", str(rows / "out")]
     )  # fmt: skip
+    args = parse_args(argv)
     manager = RolloutManager(args, server_urls=[server.url])
     try:
         groups, _ = manager.generate(0)
@@ -103,6 +106,17 @@ def test_image_rows_train_and_update_the_vision_tower(checkpoint, rows, server, 
         assert pad in tokens[: len(tokens) - length] and pad not in tokens[len(tokens) - length :]
         assert images["pixel_values"].shape[0] == int(images["image_grid_thw"].prod(-1).sum())
 
+    # The frozen tower's run first, while the server holds the checkpoint's tower: the update leaves it out (CPU: the
+    # tensor transport records every name it shared) and --check-weight-update's image probe still matches.
+    frozen = TrainActor(parse_args([*argv, "--freeze-params-name-list", "visual"]), 0, "127.0.0.1", 0)
+    frozen.train(0, data)
+    try:
+        frozen.update_weights([server.url], 1, "tensor", str(rows / "out"))
+        sent = frozen.transport.transports["tensor"]._seen
+        assert sent and not any(n.startswith(VISION) for n in sent)
+    finally:
+        frozen.transport.close()
+
     actor = TrainActor(args, 0, "127.0.0.1", 0)
     engine = actor.engine
     before = {n: t.clone() for n, t in engine.export_hf_weights()}
@@ -114,15 +128,18 @@ def test_image_rows_train_and_update_the_vision_tower(checkpoint, rows, server, 
     tower = next(n for n in after if n.endswith("visual.blocks.0.attn.qkv.weight"))
     assert not torch.equal(after[tower], before[tower])
 
+    try:  # the trained tower goes with the update, and --check-weight-update passes
+        actor.update_weights([server.url], 2, "tensor", str(rows / "out"))
+        assert any(n.startswith(VISION) for n in actor.transport.transports["tensor"]._seen)
+    finally:
+        actor.transport.close()
     transport = TensorTransport([server.url], 64 * 1024, timeout_s=60)
     try:
-        transport.update(engine.export_hf_weights(), 1)
-        assert check_servers(engine, [server.url], TOLERANCE, rank=0, when="after the update to version 1") < TOLERANCE
         actor.train(1, data)  # the weights move again; the server gets all but the vision tower
-        text = ((n, t) for n, t in engine.export_hf_weights() if not n.startswith(("visual.", "model.visual.")))
-        transport.update(text, 2)
-        with pytest.raises(WeightUpdateError, match="after the update to version 2"):
-            check_servers(engine, [server.url], TOLERANCE, rank=0, when="after the update to version 2")
+        text = ((n, t) for n, t in engine.export_hf_weights() if not n.startswith(VISION))
+        transport.update(text, 3)
+        with pytest.raises(WeightUpdateError, match="after the update to version 3"):
+            check_servers(engine, [server.url], TOLERANCE, rank=0, when="after the update to version 3")
     finally:
         transport.close()
 

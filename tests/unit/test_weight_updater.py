@@ -105,6 +105,21 @@ def test_versions_must_increase() -> None:
         updater.update(_exports(log), 2)
 
 
+def test_in_place_transports_take_the_in_place_export_and_a_disk_fallback_the_full_one() -> None:
+    """An update over an in-place transport sends export_in_place's tensors (frozen weights the engines hold left out:
+    megatron/frozen_weights.py); its disk fallback writes a whole checkpoint, so it gets the full export."""
+    log: list = []
+    factories = {
+        "tensor": lambda: Scripted("tensor", [WeightUpdateError("refused")], log, reads=3),
+        "disk": lambda: Scripted("disk", [None], log, reads=3),
+    }
+    updater = WeightUpdater(factories, "tensor", "disk", retries=0, in_place={"tensor"})
+    assert updater.update(_exports(log), 1, export_in_place=lambda: iter(TENSORS[:1])) == "disk"
+    assert [entry for entry in log if entry[0] in ("tensor", "disk") and len(entry) == 3] == [
+        ("tensor", 1, "a"), ("disk", 1, "a"), ("disk", 1, "b"), ("disk", 1, "c"),
+    ]  # fmt: skip
+
+
 def test_buckets_and_flat_layout() -> None:
     assert [[n for n, _ in b] for b in buckets(TENSORS, 40)] == [["a", "b"], ["c"]]  # 24 + 10 bytes, then 28
     buffer = torch.zeros(flat_size(TENSORS, 64), dtype=torch.uint8)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from megatron.core.utils import get_model_config
 
 from buffer.train_data import TrainData
 from slime_like.trainer.megatron import context_parallel as cp_lib
@@ -46,6 +47,7 @@ from slime_like.trainer.megatron import mtp as mtp_lib
 from slime_like.trainer.megatron import routing_replay as replay_lib
 from slime_like.trainer.megatron import vision_language as vl_lib
 from slime_like.trainer.megatron.cpu_compat import ON_CUDA, cuda_to_cpu
+from slime_like.trainer.megatron.frozen_weights import FrozenWeights
 from slime_like.trainer.megatron.logprobs import logprobs_and_entropy
 from slime_like.trainer.megatron.optimizer import OptimizerSettings, build_optimizer
 from slime_like.trainer.megatron.packing import MicroBatch, pad_multiple
@@ -65,13 +67,6 @@ logger = logging.getLogger(__name__)
 
 # loss_fn(logprobs_per_seq, data_per_seq[, entropy=entropy_per_seq]) -> share | (share, metrics)
 LossFn = Callable[..., torch.Tensor | tuple[torch.Tensor, dict[str, Any]]]
-
-
-def _model_config(chunk: torch.nn.Module) -> Any:
-    """The TransformerConfig of a model chunk (its MoE sizes: layers, top-k, experts)."""
-    from megatron.core.utils import get_model_config
-
-    return get_model_config(chunk)
 
 
 class MegatronTrainEngine:
@@ -105,7 +100,6 @@ class MegatronTrainEngine:
         """
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import finalize_model_grads
-        from megatron.core.utils import get_model_config
 
         self.max_tokens = max_tokens_per_micro_batch
         self.dtype = dtype
@@ -145,6 +139,7 @@ class MegatronTrainEngine:
         self.vision = vl_lib.is_vision_language(self.model, self.cp_size)
         with value_heads_hidden(self.model) if value_head else nullcontext():
             model_lib.load_hf_weights(self.bridge, self.model, hf_dir)
+        self.frozen = FrozenWeights(self.bridge, self.model)  # what an in-place weight update may leave out
         self.optimizer = self.scheduler = None
         self.skipped_steps_total = 0  # optimizer steps skipped for a non-finite loss or gradient
         config = get_model_config(self.model[0])
@@ -216,7 +211,7 @@ class MegatronTrainEngine:
                 gathered: list[Any] = [None] * size
                 torch.distributed.all_gather_object(gathered, parts, group=group)
                 parts = [p for ps in gathered for p in ps]
-        config = _model_config(self.model[0])
+        config = get_model_config(self.model[0])
         routing = replay_lib.assemble(parts, len(sequences), config.num_layers, config.moe_router_topk)
         return [merged[i][0] for i in range(len(sequences))], routing
 
@@ -302,26 +297,28 @@ class MegatronTrainEngine:
         )
         return metrics
 
-    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (hf_name, full tensor) on every rank (gathered over TP/PP; views of live params)."""
-        return model_lib.export_hf_weights(self.bridge, self.model)
+    def export_hf_weights(self, in_place: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (hf_name, full tensor) on every rank (gathered over TP/PP; views of live params); in_place: without
+        the frozen weights every engine holds already (an in-place update's tensors: frozen_weights.py)."""
+        skip = self.frozen.held_by_engines() if in_place else frozenset()
+        return model_lib.export_hf_weights(self.bridge, self.model, skip)
 
     def export_adapter(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (PEFT key, full tensor) of the LoRA adapter on every rank (a collective: gathers over TP)."""
         assert self.lora is not None, "engine was built without LoRA"
-        return lora_lib.export_adapter(self.model, self.bridge.hf_config, _model_config(self.model[0]))
+        return lora_lib.export_adapter(self.model, self.bridge.hf_config, get_model_config(self.model[0]))
 
     def save_adapter(self, directory: str | Path) -> Path | None:
         """Save the LoRA adapter in HF PEFT format (a collective; rank 0 writes and gets the directory)."""
         assert self.lora is not None, "engine was built without LoRA"
         base = str(self.bridge.slime_like_hf_dir)
-        config = _model_config(self.model[0])
+        config = get_model_config(self.model[0])
         return lora_lib.save_adapter(self.model, self.bridge.hf_config, config, self.lora, directory, base)
 
     def load_adapter(self, directory: str | Path) -> None:
         """Set the LoRA adapter from an HF PEFT adapter directory (of this engine's rank and alpha)."""
         assert self.lora is not None, "engine was built without LoRA"
-        config = _model_config(self.model[0])
+        config = get_model_config(self.model[0])
         lora_lib.load_adapter(self.model, self.bridge.hf_config, config, self.lora, directory)
 
     def save_checkpoint(self, directory: str | Path, iteration: int = 0, with_optimizer: bool = True) -> None:
@@ -340,12 +337,14 @@ class MegatronTrainEngine:
         load_checkpoint(
             directory, self.model, self.optimizer, self.scheduler, load_optimizer=load_optimizer, load_rng=load_rng
         )
+        self.frozen.recheck()  # its frozen weights may not be --hf-checkpoint's (compared when next exported)
 
     def load_model_weights(self, directory: str | Path) -> None:
         """Set the model's weights from a torch_dist checkpoint; the optimizer is left as it is (not told)."""
         from slime_like.trainer.megatron.checkpoint import load_checkpoint
 
         load_checkpoint(directory, self.model, weights_only=True)
+        self.frozen.recheck()
 
     # ---- internals ----
 
@@ -372,7 +371,7 @@ class MegatronTrainEngine:
                 "routing replay needs an MoE model built with moe_enable_routing_replay=True "
                 "(--use-routing-replay / --use-rollout-routing-replay)"
             )
-        config = _model_config(self.model[0])
+        config = get_model_config(self.model[0])
         sp = mpu.get_tensor_model_parallel_world_size() if config.sequence_parallel else 1
         return replay_lib.RoutingReplay(
             self.routers,

@@ -224,22 +224,25 @@ def _gather(tensor: torch.Tensor, size: int, group: Any) -> list[torch.Tensor]:
     return parts
 
 
-def export_hf_weights(model: list[torch.nn.Module], hf_config: Any, config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def export_hf_weights(
+    model: list[torch.nn.Module], hf_config: Any, config: Any, skip: frozenset[int] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) on every rank; collective, so every rank must iterate to the end.
 
     Tensors may be views of live parameters (TP=PP=EP=1): consume or clone them before they change.
     A tensor two parameters map to (the tied embedding on two pipeline stages) is yielded once.
+    `skip`: ids of parameters left out (every rank of a TP / EP group must leave out the same ones).
     """
     from megatron.core import parallel_state as mpu
 
     layout = _Layout(hf_config, config)
-    local = [e for chunk in model for e in _entries(chunk, layout.rules)]
+    local = [e for chunk in model for e in _entries(chunk, layout.rules) if id(e.tensor) not in skip]
     pp_size, pp_rank = layout.pp
     stages: list[Any] = [[e.meta() for e in local]]
     if pp_size > 1:
         stages = [None] * pp_size
         dist.all_gather_object(stages, [e.meta() for e in local], group=mpu.get_pipeline_model_parallel_group())
-    device = local[0].tensor.device
+    device = next(p.device for chunk in model for p in chunk.parameters())  # `skip` may leave a stage none
     mine = iter(local)
     seen: set[str] = set()
     stacks = ExpertStacks(layout.num_local_experts * layout.ep[0])  # stacked experts tensors (stacked_experts.py)

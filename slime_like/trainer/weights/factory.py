@@ -44,9 +44,14 @@ def make_updater(
             server_urls, size, args.hf_checkpoint, disk_dir, timeout, args.update_weight_disk_keep_files
         ),
     }
+    # The engines keep the tensors an in-place update leaves out (frozen ones: megatron/frozen_weights.py); a disk
+    # version is a whole checkpoint the engines load, except a delta's (a tensor left out is one that did not change).
+    in_place = {"distributed", "tensor"}
     if args.update_weight_local_checkpoint_dir:  # delta, or full versions pulled to host-local disks
         from slime_like.trainer.weights.delta import make_delta_transport
 
         factories["disk"] = lambda: make_delta_transport(args, server_urls, disk_dir)
+        if args.update_weight_mode == "delta":
+            in_place.add("disk")
     fallback = None if args.update_weight_fallback == "none" else args.update_weight_fallback
-    return WeightUpdater(factories, kind, fallback, args.update_weight_retries, rank)
+    return WeightUpdater(factories, kind, fallback, args.update_weight_retries, rank, in_place=in_place)

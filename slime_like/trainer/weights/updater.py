@@ -17,7 +17,7 @@ fleet's verdict (FleetWatch), so that an engine that died mid-send ends the wait
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import torch.distributed as dist
@@ -106,8 +106,11 @@ class WeightUpdater:
         retries: int = 1,
         rank: int = 0,
         fleet: Verdict | None = None,
+        in_place: Collection[str] = (),
     ) -> None:
         self.factories = factories
+        # The transports whose engines keep what an update does not send (not those writing a whole checkpoint).
+        self.in_place = frozenset(in_place)
         self.fleet = fleet
         self.urls: list[str] | None = None  # the engines still targeted after the fleet took some out
         self.attempts = [primary] * (1 + retries)
@@ -117,16 +120,22 @@ class WeightUpdater:
         self.transports: dict[str, WeightTransport] = {}
         self.version: int | None = None
 
-    def update(self, export: Callable[[], NamedTensors], version: int, pause_mode: str = "abort") -> str:
-        """Push the weights `export()` yields to every server as `version` (generation paused in `pause_mode`);
-        return the transport that worked."""
+    def update(
+        self,
+        export: Callable[[], NamedTensors],
+        version: int,
+        pause_mode: str = "abort",
+        export_in_place: Callable[[], NamedTensors] | None = None,
+    ) -> str:
+        """Push the weights `export()` yields to every server as `version` (generation paused in `pause_mode`), or
+        over an in-place transport those of `export_in_place()` (the changed ones); return the transport that worked."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"weight version {version} is not above the current one ({self.version})")
         causes = []
         attempt = 0
         while attempt < len(self.attempts):
             kind = self.attempts[attempt]
-            named = export()
+            named = (export_in_place if export_in_place is not None and kind in self.in_place else export)()
             outcome = self._attempt(kind, named, version, pause_mode) if self.rank == 0 else _drain(named)
             outcome = share_from_rank0(outcome)
             if outcome is not None and outcome[2] is not None:  # the fleet took engines out: again on those left
