@@ -3,8 +3,8 @@
 A tiny random Qwen2.5-VL (fp32, written here with transformers: untied, random norms) against
 Qwen2_5_VLForConditionalGeneration: log-probs of two sequences with different images packed in one micro-batch within
 1e-5 (one masked row, and THD); the 3-D rope positions equal get_rope_index's; a train step reaches the vision tower
-unless --freeze-params-name-list freezes it; export, HF -> torch_dist -> HF and the conversion tools are bit-exact;
-TP=2 and DP=2 (and PP=2: vlm_worker.py) give the single process's log-probs and trained weights.
+unless --freeze-params-name-list freezes it; export, HF -> torch_dist -> HF and the conversion tools are bit-exact.
+Qwen3-VL (deepstack) and Qwen3.5 (dense, MoE) against transformers too; their TP / DP / EP runs: test_vlm_parallel.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch
 
 from buffer.train_data import TrainData
 from tests.megatron.common import torch_dist_to_hf_round_trip
-from tests.megatron.launch import torchrun
 from tests.megatron.test_families import safetensors_of
 
 IMAGE, VIDEO, START, END = 250, 251, 252, 253  # special token ids of the tiny config
@@ -89,19 +88,110 @@ def random_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_random_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
 
 
-def _hf_logprobs(hf_dir: Path) -> list[torch.Tensor]:
-    """transformers' log-probs of tokens 1..L-1 of each sample, one forward each."""
+def vlm_samples(hf_dir: str | Path) -> list[tuple[list[int], dict]]:
+    """SAMPLES with pixels of the checkpoint's patch size (Qwen3.5's tower takes 16 x 16 patches: fresh pixels)."""
+    import json
+
+    vision = json.loads((Path(hf_dir) / "config.json").read_text())["vision_config"]
+    patch = vision.get("patch_size", 16) ** 2 * vision.get("temporal_patch_size", 2) * 3
+    if patch == SAMPLES[0][1]["pixel_values"].shape[1]:
+        return SAMPLES
+    samples = []
+    for (tokens, images), seed in zip(SAMPLES, (3, 4), strict=True):
+        pixels = torch.randn(images["pixel_values"].shape[0], patch, generator=torch.Generator().manual_seed(seed))
+        samples.append((tokens, {"pixel_values": pixels, "image_grid_thw": images["image_grid_thw"]}))
+    return samples
+
+
+def hf_logprobs(hf_dir: str | Path) -> list[torch.Tensor]:
+    """transformers' log-probs of tokens 1..L-1 of each of vlm_samples, one forward each (the independent reference)."""
     import transformers
 
-    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = transformers.AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32).eval()
     out = []
-    for tokens, images in SAMPLES:
+    for tokens, images in vlm_samples(hf_dir):
         ids = torch.tensor([tokens])
         kinds = (ids == IMAGE).int()  # mm_token_type_ids: image 1, text 0
         with torch.no_grad():
             logits = model(input_ids=ids, mm_token_type_ids=kinds, **images).logits[0]
         out.append(torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None])[:, 0])
     return out
+
+
+def make_random_qwen3_vl(out: Path) -> Path:
+    """A random fp32 Qwen3-VL checkpoint (three LM layers, the tower's deepstack features entering the first two)."""
+    import transformers
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+    config = transformers.Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rope_parameters=rope,
+        ),
+        vision_config=dict(
+            depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=PATCH,
+            temporal_patch_size=TEMPORAL, spatial_merge_size=MERGE, num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.Qwen3VLForConditionalGeneration(config).to(torch.float32).save_pretrained(out)
+    return out
+
+
+def make_random_qwen3_vl_moe(out: Path) -> Path:
+    """A random fp32 Qwen3-VL-MoE checkpoint: Qwen3VLMoeConfig with the published Qwen3-VL-30B-A3B's fields (every
+    layer MoE, normalised top-k, the outer config untied beside its text config's tied default), random norms, its
+    stacked experts rewritten in the published layout; transformers' own save (experts transposed) in out / "saved"."""
+    import shutil
+
+    import transformers
+
+    from tools.make_tiny_vlm import publish_stacked_experts
+
+    rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+    config = transformers.Qwen3VLMoeConfig(
+        text_config=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=24, num_experts=4,
+            num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu", attention_bias=False,
+            rms_norm_eps=1e-6, max_position_embeddings=1024, rope_parameters=rope,
+        ),
+        vision_config=dict(
+            depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=PATCH,
+            temporal_patch_size=TEMPORAL, spatial_merge_size=MERGE, num_position_embeddings=64,
+            hidden_act="gelu_pytorch_tanh", deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen3VLMoeForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():  # random norms, so that a wrong norm mapping shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(out / "saved")
+    out.mkdir(exist_ok=True)
+    for path in (out / "saved").iterdir():
+        shutil.copy(path, out / path.name)
+    publish_stacked_experts(out)
+    return out
+
+
+def make_qwen3_5_vl(out: Path, tokenizer_from: Path, moe: bool = False) -> Path:
+    """tiny_families' Qwen3.5 (Qwen3.5-MoE with `moe`) with the vision special tokens inside its tiny vocabulary."""
+    import json
+
+    from tests.megatron.tiny_families import make_qwen3_5
+
+    hf_dir = make_qwen3_5(out, tokenizer_from, moe=moe)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config.update(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    return hf_dir
 
 
 def _engine(hf_dir: Path, freeze: bool = False, sgd: bool = False):
@@ -135,7 +225,7 @@ def test_packed_logprobs_match_transformers(random_qwen2_5_vl, megatron_world, l
     tokens = [t for t, _ in SAMPLES]
     got = engine.forward_logprobs(tokens, multimodal=[m for _, m in SAMPLES])
     assert len(engine._plan(tokens)) == 1  # both sequences in one packed micro-batch
-    for ours, theirs in zip(got, _hf_logprobs(random_qwen2_5_vl), strict=True):
+    for ours, theirs in zip(got, hf_logprobs(random_qwen2_5_vl), strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 
 
@@ -220,6 +310,29 @@ def test_train_step_reaches_the_vision_tower_unless_frozen(random_qwen2_5_vl, me
         )
 
 
+def test_an_in_place_export_leaves_out_the_frozen_tower_while_engines_hold_it(
+    random_qwen2_5_vl, megatron_world, tmp_path
+):
+    """--freeze-params-name-list visual: after a step, an in-place update's export (frozen_weights.py) is the full
+    export less the tower's tensors (the full one, for disk checkpoints, keeps them); a trained tower is always in it;
+    after loading a Megatron checkpoint whose tower moved, the frozen tower is sent again, until one with the HF
+    checkpoint's tower is loaded."""
+    frozen, trained = _engine(random_qwen2_5_vl, freeze=True), _engine(random_qwen2_5_vl)
+    data = _train_data()
+    for engine in (frozen, trained):
+        engine.train_step(data.tokens, data, _sum_logprob_loss)
+    full = {n for n, _ in frozen.export_hf_weights()}
+    tower = {n for n in full if n.startswith("visual.")}
+    assert tower and {n for n, _ in frozen.export_hf_weights(in_place=True)} == full - tower
+    assert {n for n, _ in trained.export_hf_weights(in_place=True)} == full
+    trained.save_checkpoint(tmp_path / "moved", with_optimizer=False)
+    frozen.save_checkpoint(tmp_path / "kept", with_optimizer=False)
+    frozen.load_checkpoint(tmp_path / "moved", load_optimizer=False, load_rng=False)
+    assert {n for n, _ in frozen.export_hf_weights(in_place=True)} == full
+    frozen.load_checkpoint(tmp_path / "kept", load_optimizer=False, load_rng=False)
+    assert {n for n, _ in frozen.export_hf_weights(in_place=True)} == full - tower
+
+
 def test_image_tokens_outside_the_loss_mask(random_qwen2_5_vl, megatron_world):
     engine = _engine(random_qwen2_5_vl)
     data = _train_data()
@@ -254,28 +367,14 @@ def test_export_and_torch_dist_round_trip_are_bit_exact(random_qwen2_5_vl, megat
 
 
 def vlm_train_run(hf_dir: str | Path) -> dict:
-    """After init_parallel: the packed log-probs of SAMPLES, then one train step on them and the HF weights."""
+    """After init_parallel: the packed log-probs of vlm_samples, then one train step on them and the HF weights."""
     engine = _engine(Path(hf_dir), sgd=True)
-    logprobs = engine.forward_logprobs([t for t, _ in SAMPLES], multimodal=[m for _, m in SAMPLES])
+    samples = vlm_samples(hf_dir)
+    logprobs = engine.forward_logprobs([t for t, _ in samples], multimodal=[m for _, m in samples])
     data = _train_data()
+    data.multimodal_train_inputs = [m for _, m in samples]
     metrics = engine.train_step(data.tokens, data, _sum_logprob_loss)
     return {"logprobs": logprobs, "metrics": metrics, "weights": {n: t.clone() for n, t in engine.export_hf_weights()}}
-
-
-def test_tp_dp_match_one_process(random_qwen2_5_vl, megatron_world, tmp_path):
-    out = tmp_path / "vlm.pt"
-    # PP=2 passes too (vlm_worker.py's default runs it); CI runs TP=2 and DP=2 to keep within its time.
-    torchrun(Path(__file__).with_name("vlm_worker.py"), [str(out), str(random_qwen2_5_vl), "tp2,dp2"], timeout=240)
-    runs = torch.load(out)
-    single = vlm_train_run(random_qwen2_5_vl)
-    expected = _hf_logprobs(random_qwen2_5_vl)
-    for layout, run in runs.items():
-        for ours, theirs in zip(run["logprobs"], expected, strict=True):
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0, msg=layout)
-        assert sorted(run["weights"]) == sorted(single["weights"]), layout
-        for name, tensor in single["weights"].items():
-            torch.testing.assert_close(run["weights"][name], tensor, atol=2e-6, rtol=0, msg=f"{layout}: {name}")
-        assert run["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-6), layout
 
 
 def test_vision_paths_not_built_are_named_at_start() -> None:
@@ -306,32 +405,13 @@ def test_qwen3_5_with_images_matches_transformers(moe, tiny_qwen3, megatron_worl
     """Qwen3.5's hybrid text model with interleaved mrope beside its vision tower (model.visual.*): packed log-probs
     of two image sequences equal transformers', a step moves the tower (frozen in a run without images), and the
     export plus the untouched MTP tensors is the checkpoint, bit-exactly."""
-    import json
-
-    import transformers
-
     from slime_like.trainer.megatron.engine import MegatronTrainEngine
     from slime_like.trainer.megatron.model import untrained_hf_weights
     from slime_like.trainer.megatron.optimizer import OptimizerSettings
-    from tests.megatron.tiny_families import make_qwen3_5
 
-    hf_dir = make_qwen3_5(tmp_path / "qwen3_5", tiny_qwen3, moe=moe)
-    config = json.loads((hf_dir / "config.json").read_text())  # the vision special tokens inside the tiny vocabulary
-    config.update(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
-    (hf_dir / "config.json").write_text(json.dumps(config))
-    vision = config["vision_config"]
-    patch = vision.get("patch_size", 16) ** 2 * vision.get("temporal_patch_size", 2) * 3
-    samples = []
-    for (tokens, images), seed in zip(SAMPLES, (3, 4), strict=True):
-        pixels = torch.randn(images["pixel_values"].shape[0], patch, generator=torch.Generator().manual_seed(seed))
-        samples.append((tokens, {"pixel_values": pixels, "image_grid_thw": images["image_grid_thw"]}))
-    model = transformers.AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    expected = []
-    for tokens, images in samples:
-        ids = torch.tensor([tokens])
-        with torch.no_grad():
-            logits = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE).int(), **images).logits[0]
-        expected.append(torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None])[:, 0])
+    hf_dir = make_qwen3_5_vl(tmp_path / "qwen3_5", tiny_qwen3, moe=moe)
+    samples = vlm_samples(hf_dir)
+    expected = hf_logprobs(hf_dir)
 
     engine = MegatronTrainEngine(hf_dir, OptimizerSettings(lr=1e-2), max_tokens_per_micro_batch=4096)
     got = engine.forward_logprobs([t for t, _ in samples], multimodal=[m for _, m in samples])
@@ -356,39 +436,18 @@ def test_qwen3_5_with_images_matches_transformers(moe, tiny_qwen3, megatron_worl
         assert moved == train_vision
 
 
-def test_qwen3_vl_with_deepstack_matches_transformers(megatron_world, tmp_path):
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3_vl", "qwen3_vl_moe"])
+def test_qwen3_vl_with_deepstack_matches_transformers(moe, megatron_world, tmp_path):
     """Qwen3-VL: Qwen3's layers with interleaved mrope, the tower's deepstack features added after the first two
     layers (forward hooks): packed log-probs equal transformers', a step trains the deepstack mergers, and the export is
-    the checkpoint, bit-exactly."""
-    import transformers
-
+    the checkpoint, bit-exactly. Qwen3-VL-MoE the same with Qwen3-MoE's layers (its outer config untied, as
+    transformers reads it); its experts, stacked in the checkpoint, load from the published layout and transformers'
+    transposed one alike, train, and come back bit-exactly through torch_dist."""
     from slime_like.trainer.megatron.engine import MegatronTrainEngine
     from slime_like.trainer.megatron.optimizer import OptimizerSettings
 
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
-    config = transformers.Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rope_parameters=rope,
-        ),
-        vision_config=dict(
-            depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=PATCH,
-            temporal_patch_size=TEMPORAL, spatial_merge_size=MERGE, num_position_embeddings=64,
-            deepstack_visual_indexes=[0, 1],
-        ),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
-        tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.Qwen3VLForConditionalGeneration(config).to(torch.float32).save_pretrained(tmp_path / "qwen3_vl")
-    hf_dir = tmp_path / "qwen3_vl"
-    model = transformers.AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    expected = []
-    for tokens, images in SAMPLES:
-        ids = torch.tensor([tokens])
-        with torch.no_grad():
-            logits = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE).int(), **images).logits[0]
-        expected.append(torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None])[:, 0])
+    hf_dir = (make_random_qwen3_vl_moe if moe else make_random_qwen3_vl)(tmp_path / "qwen3_vl")
+    expected = hf_logprobs(hf_dir)
     engine = MegatronTrainEngine(hf_dir, OptimizerSettings(lr=1e-2), max_tokens_per_micro_batch=4096)
     got = engine.forward_logprobs([t for t, _ in SAMPLES], multimodal=[m for _, m in SAMPLES])
     for ours, theirs in zip(got, expected, strict=True):
@@ -400,6 +459,29 @@ def test_qwen3_vl_with_deepstack_matches_transformers(megatron_world, tmp_path):
     data = _train_data()
     engine.train_step(data.tokens, data, _sum_logprob_loss)
     after = dict(engine.export_hf_weights())
-    for i in (0, 1):
-        name = f"model.visual.deepstack_merger_list.{i}.linear_fc2.weight"
+    trained = [f"model.visual.deepstack_merger_list.{i}.linear_fc2.weight" for i in (0, 1)]
+    if moe:  # the stacked experts (exported whole) and the routers train too
+        trained += [
+            f"model.language_model.layers.{i}.mlp.{p}" for i in (0, 2) for p in ("experts.down_proj", "gate.weight")
+        ]
+    for name in trained:
         assert not torch.equal(after[name], original[name]), name
+    if moe:
+        assert not torch.equal(after["lm_head.weight"], after["model.language_model.embed_tokens.weight"])
+        _stacked_experts_read_alike(hf_dir / "saved", hf_dir)
+        torch_dist_to_hf_round_trip(engine, hf_dir, tmp_path)
+
+
+def _stacked_experts_read_alike(saved: Path, published: Path) -> None:
+    """Every expert's slice reads the same from transformers' save (experts transposed) as from the published layout."""
+    from slime_like.trainer.megatron.hf_weights import HFCheckpoint
+    from slime_like.trainer.megatron.stacked_experts import read_expert
+
+    theirs, ours = HFCheckpoint(saved), HFCheckpoint(published)
+    stacked = sorted(n for n in ours.names() if ".mlp.experts." in n)
+    assert len(stacked) == 6
+    for name in stacked:
+        kind = "expert_gate_up" if name.endswith("gate_up_proj") else "expert_down"
+        assert theirs.get(name, "-").shape != ours.get(name, "-").shape
+        for e in range(4):
+            assert torch.equal(read_expert(theirs, name, e, kind, 64, "-"), read_expert(ours, name, e, kind, 64, "-"))

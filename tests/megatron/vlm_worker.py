@@ -1,36 +1,26 @@
-"""torchrun worker: the tiny Qwen2.5-VL's log-probs and one train step under TP=2, DP=2 and PP=2; rank 0 saves them.
+"""torchrun worker: a tiny VLM's log-probs of test_vlm_parity.py's image samples and one train step on them, per
+LAYOUT:HF_DIR run (LAYOUT one of tp2, dp2, pp2, ep2: two expert-parallel ranks, also two data-parallel ranks for the
+dense layers); rank 0 saves {run: results}.
 
-Usage: torchrun --nproc_per_node 2 tests/megatron/vlm_worker.py OUT.pt HF_DIR [LAYOUT,...]  (default: all three)
+Usage: torchrun --nproc_per_node 2 tests/megatron/vlm_worker.py OUT.pt LAYOUT:HF_DIR ...
 """
 
 from __future__ import annotations
 
 import sys
 
-import torch
-import torch.distributed as dist
-
-SIZES = {"tp2": (2, 1), "dp2": (1, 1), "pp2": (1, 2)}  # tp, pp
+SIZES = {"tp2": {"tp": 2}, "dp2": {}, "pp2": {"pp": 2}, "ep2": {"ep": 2}}  # init_parallel's sizes
 
 
-def main(out: str, hf_dir: str, layouts: str = ",".join(SIZES)) -> None:
-    """Run each layout in turn (re-initialising Megatron's parallel state) and save {layout: results} from rank 0."""
-    from megatron.core import parallel_state as mpu
-
-    from slime_like.trainer.megatron.parallel import init_parallel
+def main(out: str, runs: list[str]) -> None:
+    """Run each LAYOUT:HF_DIR in turn and save {run: results} from rank 0."""
+    from tests.megatron.launch import run_layouts
     from tests.megatron.test_vlm_parity import vlm_train_run
 
-    results = {}
-    for layout in layouts.split(","):
-        tp, pp = SIZES[layout]
-        init_parallel(tp=tp, pp=pp, seed=1234)
-        results[layout] = vlm_train_run(hf_dir)
-        mpu.destroy_model_parallel()
-        dist.barrier()
-    if dist.get_rank() == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
+    run_layouts(
+        out, [(run, SIZES[run.split(":", 1)[0]]) for run in runs], lambda run: vlm_train_run(run.split(":", 1)[1])
+    )
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1], sys.argv[2:])
