@@ -384,7 +384,7 @@ def test_vision_paths_not_built_are_named_at_start() -> None:
 
     assert "vision path is not built yet" in family_problem("/ckpt", AutoConfig.for_model("qwen2_vl"))
     assert family_problem("/ckpt", Qwen3_5Config(), images=True) is None
-    for built in ("qwen2_5_vl", "qwen3_vl"):
+    for built in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         assert family_problem("/ckpt", AutoConfig.for_model(built), images=True) is None
     problem = family_problem("/ckpt", AutoConfig.for_model("qwen3"), images=True)
     assert problem.startswith("--multimodal-keys with --hf-checkpoint /ckpt: model_type 'qwen3': it is a text-only")
