@@ -36,7 +36,10 @@ _INT_FIELDS: dict[str, str] = {
 
 # Families whose attention has q/k norms or q/k/v biases without saying so in a config field (GQA attention;
 # multi-latent attention has neither flag's meaning).
-_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+_QK_NORM_TYPES = (
+    *("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+    *("qwen3_vl_text", "qwen3_vl_moe_text"),  # Qwen3-VL(-MoE)'s text models: Qwen3's attention
+)
 _NO_QK_NORM_TYPES = ("llama", "qwen2", "mimo", "glm4")
 _QKV_BIAS_TYPES = ("qwen2", "mimo")  # Qwen2's attention (MiMo's too) always has q/k/v biases
 
