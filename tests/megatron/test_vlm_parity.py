@@ -470,6 +470,12 @@ def test_qwen3_vl_with_deepstack_matches_transformers(moe, megatron_world, tmp_p
         assert not torch.equal(after["lm_head.weight"], after["model.language_model.embed_tokens.weight"])
         _stacked_experts_read_alike(hf_dir / "saved", hf_dir)
         torch_dist_to_hf_round_trip(engine, hf_dir, tmp_path)
+        # An in-place update leaving out one expert (frozen) cannot send its layer's stacked tensor: said, not dropped.
+        from slime_like.trainer.megatron.hf_weights import export_hf_weights
+
+        one = next(p for n, p in engine.model[0].named_parameters() if "local_experts.1.linear_fc1" in n)
+        with pytest.raises(ValueError, match="experts.gate_up_proj stacks 4 experts but the export holds 3"):
+            list(export_hf_weights(engine.model, engine.bridge.hf_config, engine.bridge.config, frozenset({id(one)})))
 
 
 def _stacked_experts_read_alike(saved: Path, published: Path) -> None:

@@ -260,6 +260,7 @@ def export_hf_weights(
                     if value is not None and name not in seen:
                         seen.add(name)
                         yield name, value
+    stacks.check_complete()
 
 
 def _full_hf_tensors(

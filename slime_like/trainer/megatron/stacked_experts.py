@@ -45,3 +45,12 @@ class ExpertStacks:
             return None
         del self._parts[name]
         return torch.stack([parts[e] for e in range(self.num_experts)])
+
+    def check_complete(self) -> None:
+        """A ValueError for a stacked tensor the export left incomplete (`skip` took some of its experts: a frozen
+        part of a layer's experts), which would otherwise be missing from the export without a word."""
+        for name, parts in self._parts.items():
+            raise ValueError(
+                f"{name} stacks {self.num_experts} experts but the export holds {len(parts)} of them: an in-place "
+                "update sends a stacked experts tensor whole, so freeze all of a layer's experts or none"
+            )
