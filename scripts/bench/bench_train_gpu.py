@@ -3,8 +3,9 @@
     python scripts/bench/bench_train_gpu.py                          # Qwen3-0.6B-shaped dense + a ~1B Qwen3-MoE
     python scripts/bench/bench_train_gpu.py --models dense --seq-len 4096 --seqs-per-step 16
     python scripts/bench/bench_train_gpu.py --tiny                   # tiny sizes: runs anywhere, CPU included
-    python scripts/bench/bench_train_gpu.py --fused-elementwise off on --grouped-experts off on  # a row per path
-    python scripts/bench/bench_train_gpu.py --attention flex         # torch's core attention path (no TE)
+    python scripts/bench/bench_train_gpu.py --models qwen3-next qwen3.5 qwen3.5-moe   # the hybrid families
+    python scripts/bench/bench_train_gpu.py --local-fused-elementwise off on --local-grouped-experts off on  # a row each
+    python scripts/bench/bench_train_gpu.py --local-core-attention flex   # torch's core attention path (no TE)
 
 Prints figures, asserts nothing. Each model is written locally as an HF checkpoint with random weights
 (transformers, no download), loaded into one MegatronTrainEngine (a world of one), and trained with the
@@ -15,7 +16,11 @@ dense bf16 FLOP/s (from its name, or --peak-tflops).
 
 Model FLOPs per step follow PaLM (Chowdhery et al. 2022, appendix B), per token: 6 x N (forward and backward
 of every weight matmul; N = active parameters, the output layer counted, the embedding lookup not) +
-12 x layers x query heads x head_dim x seq_len (attention scores and values, no causal discount).
+12 x full-attention layers x query heads x head_dim x seq_len (attention scores and values, no causal discount).
+The hybrid families (Qwen3-Next, Qwen3.5: gated delta net layers between gated full-attention layers) add, per
+gated delta net layer, 12 x value heads x key head_dim x value head_dim: the recurrent form's state update and
+read-out, forward and backward (the chunked kernels do somewhat more). Qwen3.5 checkpoints are vision-language ones:
+the bench writes a one-block vision tower, which the text batches leave idle and the FLOPs leave out.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ PEAK_BF16_TFLOPS = (
 
 @dataclass
 class ModelShape:
-    """A Qwen3 (dense) or Qwen3-MoE architecture."""
+    """A Qwen3 (dense) or Qwen3-MoE architecture, or a hybrid one (Qwen3-Next, Qwen3.5 / Qwen3.5-MoE)."""
 
     name: str
     hidden: int
@@ -63,37 +68,88 @@ class ModelShape:
     tied: bool
     experts: int = 0  # 0: dense
     top_k: int = 0
+    family: str = "qwen3"  # qwen3 (dense or MoE), qwen3_next or qwen3_5 (hybrid)
+    shared_ffn: int = 0  # the hybrid MoE's gated shared expert
+    linear_heads: tuple[int, int] = (0, 0)  # the gated delta net's (key heads, value heads)
+    linear_head_dims: tuple[int, int] = (0, 0)  # (key head_dim, value head_dim)
+    full_attention_interval: int = 1  # hybrid: every n-th layer is full attention, the others gated delta net
+    conv_kernel: int = 4
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers of softmax attention (all of them for Qwen3)."""
+        return self.layers // self.full_attention_interval
 
     def params(self) -> tuple[int, int]:
         """(total parameters, active parameters per token for 6N: the output layer in, the embedding lookup out)."""
         h, d = self.hidden, self.head_dim
-        attention = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h + 2 * d  # q k v o, q/k norm
+        gated = self.family != "qwen3"  # Qwen3-Next/3.5 attention: q_proj holds each head's query and output gate
+        attention = h * self.heads * d * (2 if gated else 1) + 2 * h * self.kv_heads * d + self.heads * d * h + 2 * d
+        (nk, nv), (dk, dv) = self.linear_heads, self.linear_head_dims
+        qk, v = nk * dk, nv * dv  # gated delta net: in_proj (q k v z b a), conv1d, A_log, dt_bias, out norm, out_proj
+        linear = h * (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) * self.conv_kernel + 2 * nv + dv + v * h
+        mixers = self.full_attention_layers * attention + (self.layers - self.full_attention_layers) * linear
         norms = 2 * h
+        shared = 3 * h * self.shared_ffn + h if self.shared_ffn else 0  # SwiGLU + its sigmoid gate
         if self.experts:
-            mlp_total = h * self.experts + self.experts * 3 * h * self.ffn  # router + SwiGLU experts
-            mlp_active = h * self.experts + self.top_k * 3 * h * self.ffn
+            mlp_total = h * self.experts + self.experts * 3 * h * self.ffn + shared  # router + SwiGLU experts
+            mlp_active = h * self.experts + self.top_k * 3 * h * self.ffn + shared
         else:
             mlp_total = mlp_active = 3 * h * self.ffn
         embedding = self.vocab * h
-        total = self.layers * (attention + norms + mlp_total) + h + embedding * (1 if self.tied else 2)
-        active = self.layers * (attention + norms + mlp_active) + h + embedding
+        total = mixers + self.layers * (norms + mlp_total) + h + embedding * (1 if self.tied else 2)
+        active = mixers + self.layers * (norms + mlp_active) + h + embedding
         return total, active
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Model FLOPs of one training token (forward + backward), PaLM's formula."""
-        return 6.0 * self.params()[1] + 12.0 * self.layers * self.heads * self.head_dim * seq_len
+        """Model FLOPs of one training token (forward + backward), PaLM's formula (+ the gated delta nets' state)."""
+        attention = 12.0 * self.full_attention_layers * self.heads * self.head_dim * seq_len
+        (_, nv), (dk, dv) = self.linear_heads, self.linear_head_dims
+        linear = 12.0 * (self.layers - self.full_attention_layers) * nv * dk * dv
+        return 6.0 * self.params()[1] + attention + linear
 
 
 DENSE = ModelShape("qwen3-0.6b", 1024, 28, 16, 8, 128, 3072, 151936, tied=True)
 MOE = ModelShape("qwen3-moe-1b-a0.3b", 1024, 12, 16, 8, 128, 1024, 151936, tied=False, experts=16, top_k=2)
 TINY_DENSE = ModelShape("tiny-dense", 64, 2, 4, 2, 16, 128, 512, tied=True)
 TINY_MOE = ModelShape("tiny-moe", 64, 2, 4, 2, 16, 64, 512, tied=False, experts=4, top_k=2)
+# Hybrid layouts as the published models' (tools/hf_configs): Qwen3.5-0.8B as it is; Qwen3-Next-80B-A3B's and
+# Qwen3.5-35B-A3B's layers (3 gated delta nets per gated attention, 16 key / 32 value heads of 128, attention heads of
+# 256, experts of 512 + a gated shared one) at hidden 1024, 12 layers and 32 experts (top-4).
+_NEXT = dict(linear_heads=(16, 32), linear_head_dims=(128, 128), full_attention_interval=4)
+QWEN3_NEXT = ModelShape("qwen3-next-1.1b-a0.4b", 1024, 12, 16, 2, 256, 512, 151936, tied=False, experts=32, top_k=4,
+                        family="qwen3_next", shared_ffn=512, **_NEXT)  # fmt: skip
+QWEN3_5 = ModelShape("qwen3.5-0.8b", 1024, 24, 8, 2, 256, 3584, 248320, tied=True, family="qwen3_5",
+                     linear_heads=(16, 16), linear_head_dims=(128, 128), full_attention_interval=4)  # fmt: skip
+QWEN3_5_MOE = ModelShape("qwen3.5-moe-1.3b-a0.5b", 1024, 12, 16, 2, 256, 512, 248320, tied=False, experts=32,
+                         top_k=4, family="qwen3_5", shared_ffn=512, **_NEXT)  # fmt: skip
+_TINY_HYBRID = dict(linear_heads=(2, 4), linear_head_dims=(8, 12), full_attention_interval=2)
+TINY_QWEN3_NEXT = ModelShape("tiny-qwen3-next", 64, 4, 4, 2, 16, 32, 512, tied=False, experts=4, top_k=2,
+                             family="qwen3_next", shared_ffn=48, **_TINY_HYBRID)  # fmt: skip
+TINY_QWEN3_5 = ModelShape("tiny-qwen3.5", 64, 4, 4, 2, 32, 96, 512, tied=True, family="qwen3_5", **_TINY_HYBRID)
+TINY_QWEN3_5_MOE = ModelShape("tiny-qwen3.5-moe", 64, 4, 4, 2, 32, 32, 512, tied=False, experts=4, top_k=2,
+                              family="qwen3_5", shared_ffn=48, **_TINY_HYBRID)  # fmt: skip
+# --models name: (full size, --tiny size)
+SHAPES = {
+    "dense": (DENSE, TINY_DENSE),
+    "moe": (MOE, TINY_MOE),
+    "qwen3-next": (QWEN3_NEXT, TINY_QWEN3_NEXT),
+    "qwen3.5": (QWEN3_5, TINY_QWEN3_5),
+    "qwen3.5-moe": (QWEN3_5_MOE, TINY_QWEN3_5_MOE),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the benchmark (--tiny changes the defaults to CPU-sized ones)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["dense", "moe"], choices=["dense", "moe"])
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=["dense", "moe"],
+        choices=list(SHAPES),
+        help="Qwen3 dense / MoE, or the hybrid Qwen3-Next, Qwen3.5 and Qwen3.5-MoE (their gated delta net needs "
+        "flash-linear-attention on a GPU)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny models and batches (a CPU check of the script)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048; --tiny 64)")
     p.add_argument(
@@ -104,28 +160,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --tiny 1)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s of the device (default: by name)")
-    # Without TE (local_kernels_flags.py); several values run each model once per combination, a table row each.
+    # The trainer's flags without TE (local_kernels_flags.py); here several values of the two kernel switches run
+    # each model once per combination, a table row each.
     p.add_argument(
-        "--fused-elementwise",
+        "--local-fused-elementwise",
         nargs="+",
         default=["auto"],
         choices=["auto", "on", "off"],
-        help="RMSNorm, RoPE, SwiGLU fused by torch.compile (--local-fused-elementwise)",
+        help="RMSNorm (zero-centred too), RoPE, SwiGLU fused by torch.compile; one or more values",
     )
     p.add_argument(
-        "--grouped-experts",
+        "--local-grouped-experts",
         nargs="+",
         default=["auto"],
         choices=["auto", "on", "off"],
-        help="MoE experts as torch grouped GEMMs (--local-grouped-experts)",
+        help="MoE experts as torch grouped GEMMs; one or more values",
     )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--workdir", default=None, help="where the HF checkpoints are written (default: a temp dir)")
     p.add_argument(
-        "--attention",
+        "--local-core-attention",
         default="auto",
         choices=["auto", "varlen", "flex", "sdpa", "off"],
-        help="--attention-backend-torch: torch's core attention without TE (slime_like/trainer/megatron/torch_attention.py)",
+        help="torch's core attention without TE (slime_like/trainer/megatron/torch_attention.py)",
     )
     args = p.parse_args(argv)
     defaults = {"seq_len": (2048, 64), "seqs_per_step": (32, 4), "max_tokens_per_micro_batch": (8192, 128)}
@@ -136,9 +193,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def write_checkpoint(shape: ModelShape, out: Path, max_positions: int) -> Path:
-    """An HF Qwen3 / Qwen3-MoE directory with random bf16 weights (config and safetensors only)."""
-    import torch
+def hybrid_config(shape: ModelShape, common: dict):
+    """The transformers config of a Qwen3-Next or Qwen3.5(-MoE) shape (Qwen3.5: a vision-language checkpoint with a
+    one-block vision tower, as the published checkpoints hold the text model beside one)."""
+    import transformers
+
+    (nk, nv), (dk, dv) = shape.linear_heads, shape.linear_head_dims
+    half = int(shape.head_dim * 0.25) // 2  # a quarter of each head rotates; mrope splits its frequencies in three
+    third, rest = divmod(half, 3)  # Qwen3.5-0.8B: 32 frequencies as [11, 11, 10]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    hybrid = dict(
+        linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk, linear_value_head_dim=dv,
+        linear_conv_kernel_dim=shape.conv_kernel, full_attention_interval=shape.full_attention_interval,
+    )  # fmt: skip
+    if shape.experts:
+        hybrid.update(
+            num_experts=shape.experts,
+            num_experts_per_tok=shape.top_k,
+            moe_intermediate_size=shape.ffn,
+            shared_expert_intermediate_size=shape.shared_ffn,
+        )
+    if shape.family == "qwen3_next":
+        moe = dict(mlp_only_layers=[], decoder_sparse_step=1, norm_topk_prob=True)
+        return transformers.Qwen3NextConfig(
+            intermediate_size=shape.ffn, rope_parameters=rope, **moe, **hybrid, **common
+        )
+    rope.update(mrope_section=[third + (rest > 0), third + (rest > 1), third], mrope_interleaved=True)
+    text = dict(intermediate_size=shape.ffn, rope_parameters=rope, **hybrid, **common)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=shape.hidden,
+                  num_position_embeddings=16)  # fmt: skip
+    config_class = transformers.Qwen3_5MoeConfig if shape.experts else transformers.Qwen3_5Config
+    return config_class(text_config=text, vision_config=vision, tie_word_embeddings=shape.tied)
+
+
+def hf_config(shape: ModelShape, max_positions: int):
+    """The transformers config of a shape (Qwen3, Qwen3-MoE, Qwen3-Next, Qwen3.5, Qwen3.5-MoE)."""
     import transformers
 
     common = dict(
@@ -153,8 +242,10 @@ def write_checkpoint(shape: ModelShape, out: Path, max_positions: int) -> Path:
         rms_norm_eps=1e-6,
         dtype="bfloat16",
     )
+    if shape.family != "qwen3":
+        return hybrid_config(shape, common)
     if shape.experts:
-        config = transformers.Qwen3MoeConfig(
+        return transformers.Qwen3MoeConfig(
             intermediate_size=shape.ffn,
             moe_intermediate_size=shape.ffn,
             num_experts=shape.experts,
@@ -164,10 +255,22 @@ def write_checkpoint(shape: ModelShape, out: Path, max_positions: int) -> Path:
             norm_topk_prob=True,
             **common,
         )
-    else:
-        config = transformers.Qwen3Config(intermediate_size=shape.ffn, **common)
+    return transformers.Qwen3Config(intermediate_size=shape.ffn, **common)
+
+
+def hf_model_class(shape: ModelShape):
+    """The transformers auto class of a shape's checkpoint (Qwen3.5's are vision-language ones)."""
+    import transformers
+
+    return transformers.AutoModelForImageTextToText if shape.family == "qwen3_5" else transformers.AutoModelForCausalLM
+
+
+def write_checkpoint(shape: ModelShape, out: Path, max_positions: int) -> Path:
+    """An HF Qwen3 / Qwen3-MoE / Qwen3-Next / Qwen3.5 directory with random bf16 weights (config and safetensors)."""
+    import torch
+
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = hf_model_class(shape).from_config(hf_config(shape, max_positions), dtype=torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -195,7 +298,7 @@ def bench_model(
     paths: tuple[str, str] = ("auto", "auto"),
 ) -> dict:
     """Build the engine, run warm-up and timed train steps, return the figures; paths: the local spec's
-    (--fused-elementwise, --grouped-experts) values."""
+    (--local-fused-elementwise, --local-grouped-experts) values."""
     import torch
 
     from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
@@ -211,10 +314,13 @@ def bench_model(
         OptimizerSettings(lr=1e-5),
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
         dtype=dtype,
-        torch_attention=args.attention,
+        torch_attention=args.local_core_attention,
         local_kernels=kernels,
     )
-    megatron_params = sum(p.numel() for chunk in engine.model for p in chunk.parameters())
+    # The vision tower of a Qwen3.5 checkpoint is counted apart: text batches leave it idle.
+    named = [(n, p.numel()) for chunk in engine.model for n, p in chunk.named_parameters()]
+    vision_params = sum(count for name, count in named if ".visual." in f".{name}")
+    megatron_params = sum(count for _, count in named) - vision_params
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, shape.vocab, (args.seq_len,), generator=g) for _ in range(args.seqs_per_step)]
     targets = args.seqs_per_step * (args.seq_len - 1)
@@ -243,6 +349,7 @@ def bench_model(
         "shape": asdict(shape),
         "params": total,
         "params_megatron": megatron_params,
+        "params_vision": vision_params,
         "active_params": active,
         "tokens_per_step": tokens,
         "step_s_median": median,
@@ -317,10 +424,10 @@ def main(argv: list[str] | None = None) -> None:
 
     init_parallel(tp=1, pp=1, seed=1234)
     device, peak = peak_flops(args.peak_tflops)
-    shapes = {"dense": TINY_DENSE if args.tiny else DENSE, "moe": TINY_MOE if args.tiny else MOE}
+    shapes = {key: pair[1] if args.tiny else pair[0] for key, pair in SHAPES.items()}
     results = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        combinations = [(f, g) for f in args.fused_elementwise for g in args.grouped_experts]
+        combinations = [(f, g) for f in args.local_fused_elementwise for g in args.local_grouped_experts]
         for key, paths in [(key, paths) for key in args.models for paths in combinations]:
             shape = shapes[key]
             hf_dir = Path(work) / shape.name

@@ -55,3 +55,24 @@ def test_tiny_run_prints_throughput_and_mfu(tmp_path: Path) -> None:
     dense, moe = figures["results"]
     assert dense["active_params"] == dense["params"]  # tied embedding: counted once, as the output layer
     assert moe["active_params"] < moe["params"]  # 2 of 4 experts per token, and the untied input embedding
+
+
+def test_hybrid_shapes_count_the_parameters_transformers_builds() -> None:
+    """The bench's analytic parameter count (behind its FLOPs) of the Qwen3-Next / Qwen3.5 shapes, full and tiny,
+    against transformers' model of the config it writes (on the meta device: no memory, no weights); Qwen3.5's
+    one-block vision tower is left out of both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train_gpu", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, bench)  # its dataclasses look their module up there
+    spec.loader.exec_module(sys.modules[spec.name])
+    bench = sys.modules[spec.name]
+    for key in ("qwen3-next", "qwen3.5", "qwen3.5-moe"):
+        for shape in bench.SHAPES[key]:
+            with torch.device("meta"):
+                model = bench.hf_model_class(shape).from_config(bench.hf_config(shape, 4096))
+            text = sum(p.numel() for name, p in model.named_parameters() if ".visual." not in f".{name}")
+            total, active = shape.params()
+            assert total == text, shape.name
+            assert (active < total) == bool(shape.experts)  # top-k of the experts; dense ones are tied

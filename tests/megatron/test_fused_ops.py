@@ -6,6 +6,8 @@ eager bodies, so the suite does not compile a whole model."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,24 +32,34 @@ def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]
     return out.detach(), [t.grad for t in inputs]
 
 
-def test_fused_rms_norm_matches_torch_rmsnorm() -> None:
-    """One shape: each further one costs a compilation (the model test covers the q/k norms' [s, b, heads, d])."""
+@pytest.mark.parametrize("zero_centred", [False, True], ids=["rmsnorm", "zero-centred"])
+def test_fused_rms_norm_matches_torch_rmsnorm(zero_centred: bool) -> None:
+    """One shape: each further one costs a compilation (the model test covers the q/k norms' [s, b, heads, d]). The
+    zero-centred norm (Qwen3-Next/3.5) runs the same compiled kernel with 1 + weight, against transformers' norm."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
+
     from slime_like.trainer.megatron.fused_ops import FusedRMSNorm
+    from slime_like.trainer.megatron.gated_delta_net import FusedZeroCenteredRMSNorm
 
     shape = (7, 2, 64)
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(shape, generator=g), 1 + 0.1 * torch.randn(shape[-1], generator=g)
-    fused = FusedRMSNorm(_config(), shape[-1], eps=1e-6)
-    reference = torch.nn.RMSNorm(shape[-1], eps=1e-6)
+    if zero_centred:
+        weight = weight - 1  # a zero-centred weight scales by 1 + weight
+        fused = FusedZeroCenteredRMSNorm(_config(), shape[-1], eps=1e-6)
+        reference = Qwen3NextRMSNorm(shape[-1], eps=1e-6)
+    else:
+        fused = FusedRMSNorm(_config(), shape[-1], eps=1e-6)
+        reference = torch.nn.RMSNorm(shape[-1], eps=1e-6)
     assert [n for n, _ in fused.named_parameters()] == [n for n, _ in reference.named_parameters()] == ["weight"]
 
-    def run(module, x, w):
-        module.weight = torch.nn.Parameter(w)
-        return module(x)
+    def run(module, x, w):  # w as the module's weight, so that its gradient reaches w
+        return torch.func.functional_call(module, {"weight": w}, (x,))
 
     out, grads = _grads(lambda x, w: run(fused, x, w), x, weight)
     ref, ref_grads = _grads(lambda x, w: run(reference, x, w), x, weight)
     torch.testing.assert_close(out, ref, **TOL)
+    assert all(grad is not None for grad in grads + ref_grads)  # the weight's gradient too
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, **TOL)
 
@@ -109,6 +121,32 @@ def test_megatron_swiglu_fusion_matches_the_unfused_glu() -> None:
             torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.fixture(scope="module")
+def tiny_hybrid(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny Qwen3-Next / Qwen3.5 / Qwen3.5-MoE checkpoints by family name, each written once for the module."""
+    from tests.megatron.tiny_families import make_qwen3_5, make_qwen3_next
+
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            out = tmp_path_factory.mktemp(f"tiny-{family}")
+            if family == "qwen3_next":
+                made[family] = make_qwen3_next(out, tiny_qwen3)
+            else:
+                made[family] = make_qwen3_5(out, tiny_qwen3, moe=family == "qwen3_5_moe")
+        return made[family]
+
+    return make
+
+
+def checkpoint_of(family: str, request: pytest.FixtureRequest) -> Path:
+    """The tiny checkpoint of a family: the session's Qwen3 / Qwen3-MoE fixtures, or a hybrid one."""
+    if family in ("qwen3", "qwen3_moe"):
+        return request.getfixturevalue(f"tiny_{family}")
+    return request.getfixturevalue("tiny_hybrid")(family)
+
+
 def _model(hf_dir: Path, fused: bool):
     from slime_like.trainer.megatron.local_kernels_flags import LocalKernels
     from slime_like.trainer.megatron.model import build_model, load_hf_weights, make_bridge
@@ -128,25 +166,60 @@ def logits_and_grads(model: torch.nn.Module, vocab: int) -> tuple[torch.Tensor, 
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_fused_model_matches_reference_with_the_same_names(tiny_qwen3: Path, megatron_world) -> None:
+def _norm_counts(model: torch.nn.Module) -> Counter:
+    """How many norms of each class the model holds, by class name."""
     from slime_like.trainer.megatron.fused_ops import FusedRMSNorm
+    from slime_like.trainer.megatron.gated_delta_net import RMSNorm as HybridRMSNorm
+
+    norms = (torch.nn.RMSNorm, FusedRMSNorm, HybridRMSNorm)
+    return Counter(type(m).__name__ for m in model.modules() if isinstance(m, norms))
+
+
+# (fused norms, unfused norms left, RoPE fused) per family. Qwen3: input, pre-MLP, q and k norms per layer (2 layers)
+# and the final norm. Qwen3-Next / Qwen3.5 (4 layers, gated attention in layers 2 and 4): the same, zero-centred, and
+# the two gated delta nets' out_norms, which stay RMSNorm (Megatron compiles them with their gate: gated_delta_net.py).
+# Qwen3.5's checkpoints are vision-language ones: multimodal RoPE, which vision_language.py leaves unfused.
+FUSED = {
+    "qwen3": ({"FusedRMSNorm": 9}, {}, True),
+    "qwen3_next": ({"FusedZeroCenteredRMSNorm": 13}, {"RMSNorm": 2}, True),
+    "qwen3_5_moe": ({"FusedZeroCenteredRMSNorm": 13}, {"RMSNorm": 2}, False),
+}
+
+
+@pytest.mark.parametrize("family", list(FUSED))
+def test_fused_model_matches_reference_with_the_same_names(
+    family: str, request: pytest.FixtureRequest, megatron_world
+) -> None:
     from slime_like.trainer.megatron.model import export_hf_weights
 
+    hf_dir = checkpoint_of(family, request)
     with torch._dynamo.config.patch(disable=True):  # the compiled kernels' eager bodies: see the module docstring
-        ref_bridge, ref = _model(tiny_qwen3, fused=False)
-        bridge, fused = _model(tiny_qwen3, fused=True)
-        assert (bridge.config.apply_rope_fusion, bridge.config.bias_activation_fusion) == (True, True)
+        ref_bridge, ref = _model(hf_dir, fused=False)
+        bridge, fused = _model(hf_dir, fused=True)
+        fused_norms, kept, rope = FUSED[family]
+        assert (bridge.config.apply_rope_fusion, bridge.config.bias_activation_fusion) == (rope, True)
         assert not (ref_bridge.config.apply_rope_fusion or ref_bridge.config.bias_activation_fusion)
-        norms = [m for m in fused[0].modules() if isinstance(m, FusedRMSNorm)]
-        layers = ref_bridge.config.num_layers
-        assert len(norms) == 4 * layers + 1  # input, pre-MLP, q and k norms per layer, and the final norm
+        assert _norm_counts(fused[0]) == Counter({**fused_norms, **kept})
+        assert not any(name.startswith("Fused") for name in _norm_counts(ref[0]))
         ref_logits, ref_grads = logits_and_grads(ref[0], ref_bridge.hf_config.vocab_size)
         logits, grads = logits_and_grads(fused[0], bridge.hf_config.vocab_size)
     torch.testing.assert_close(logits, ref_logits, atol=1e-6, rtol=0)
     assert list(grads) == list(ref_grads)  # parameter names unchanged
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, ref_grads[name], atol=1e-6 * ref_grads[name].abs().max().item(), rtol=0)
+        scale = ref_grads[name].abs().max().item()
+        torch.testing.assert_close(grad, ref_grads[name], atol=gradient_tolerance(name) * scale, rtol=0)
     ref_export = dict(export_hf_weights(ref_bridge, ref))
     export = dict(export_hf_weights(bridge, fused))
     assert list(export) == list(ref_export)
     assert all(torch.equal(export[n], ref_export[n]) for n in export)
+
+
+def gradient_tolerance(name: str) -> float:
+    """A parameter's gradient tolerance, relative to its largest gradient.
+
+    fp32 rounding (1e-6), except the gated delta net's per-head decay (A_log, dt_bias): their gradients are sums
+    over every token and channel that nearly cancel (5e-4 where others reach 0.5), so a last-bit change anywhere
+    shows up 1e-4 relative. Measured: 1.5e-4 with Megatron's fused SwiGLU alone (its own backward formula) and the
+    norms unfused; the fused norms alone are bit-exact.
+    """
+    return 5e-4 if name.endswith(("self_attention.A_log", "self_attention.dt_bias")) else 1e-6

@@ -407,7 +407,8 @@ class Qwen3NextBridge(Qwen3MoEBridge):
         from slime_like.trainer.megatron.gated_delta_net import hybrid_block_spec
 
         self.has_vp_stage = True  # read by LLMBridge's provider
-        return hybrid_block_spec(self.config, getattr(self, "slime_like_local_spec", True), vp_stage)
+        local, kernels = getattr(self, "slime_like_local_spec", True), getattr(self, "slime_like_local_kernels", None)
+        return hybrid_block_spec(self.config, local, vp_stage, kernels)
 
 
 class Qwen3_5Bridge(Qwen3NextBridge):

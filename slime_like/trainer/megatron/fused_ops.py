@@ -5,6 +5,7 @@ per op). Here each is one `torch.compile`d function (inductor: Triton kernels on
 body is the reference math, with the backward derived by AOTAutograd from the same graph:
 - RMSNorm: FusedRMSNorm replaces WrappedTorchNorm (torch.nn.RMSNorm) in the spec, for the layer norms, the final norm
   and the q/k norms; it keeps the `weight` parameter, so checkpoints, weight sync and the HF name maps are unchanged.
+  The hybrid spec's zero-centred norms (Qwen3-Next/3.5) run the same kernel (gated_delta_net.FusedZeroCenteredRMSNorm).
 - RoPE: Megatron's own hook, `apply_rope_fusion`, calls `rope_utils.fused_apply_rotary_pos_emb` (TE's kernel when TE
   is there); without TE it is None, so install_fused_rope puts ours there (bshd and, for packed sequences, thd).
 - SwiGLU: Megatron's own `bias_activation_fusion`, whose bias_swiglu_impl is compiled by megatron.core.jit's
@@ -41,6 +42,11 @@ _rms_norm_fused = torch.compile(rms_norm_math)
 _rope_fused = torch.compile(rope_math)
 
 
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm_math as one compiled kernel, shared by every norm class (one compilation per shape and dtype)."""
+    return _rms_norm_fused(x, weight, eps)
+
+
 class FusedRMSNorm(torch.nn.Module):
     """torch.nn.RMSNorm's module (parameter `weight`) running one compiled kernel; WrappedTorchNorm's signature."""
 
@@ -65,7 +71,7 @@ class FusedRMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm of x over its last dimension."""
-        return _rms_norm_fused(x, self.weight, self.eps)
+        return fused_rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         """Shown by print(model)."""

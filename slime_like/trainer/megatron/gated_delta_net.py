@@ -11,7 +11,8 @@ full-attention layers, with zero-centered RMSNorms.
 - Norms: Qwen3-Next's RMSNorms scale by (1 + weight) (Megatron's `layernorm_zero_centered_gamma`), which
   Megatron's torch norm refuses: the local (CPU) spec gets `ZeroCenteredRMSNorm`. The norm inside the linear
   attention (HF `linear_attn.norm`) scales by its weight alone: `RMSNorm` on every backend, so HF weights load
-  unchanged (bit-exact both ways).
+  unchanged (bit-exact both ways). With --local-fused-elementwise the zero-centred ones run fused_ops' compiled
+  RMSNorm (`FusedZeroCenteredRMSNorm`), and with --local-grouped-experts the routed experts are grouped GEMMs.
 - Layer spec: megatron's own hybrid block spec with Transformer Engine; the same layout from the local spec
   without it (megatron's builder asserts Transformer Engine).
 """
@@ -82,6 +83,20 @@ class ZeroCenteredRMSNorm(RMSNorm):
     """RMSNorm scaled by 1 + weight (Megatron's layernorm_zero_centered_gamma; HF's Qwen3NextRMSNorm)."""
 
     zero_centered = True
+
+
+class FusedZeroCenteredRMSNorm(ZeroCenteredRMSNorm):
+    """ZeroCenteredRMSNorm as fused_ops' compiled RMSNorm kernel (--local-fused-elementwise), the same parameter."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The normalised x, in x's dtype."""
+        if self.tp_group is not None:  # only the gated out_norm has one, and it stays unswapped (see hybrid_block_spec)
+            return super().forward(x)
+        from slime_like.trainer.megatron.fused_ops import fused_rms_norm
+
+        # 1 + weight in fp32 outside the kernel: the same math and rounding as the parent's, and the compiled kernel
+        # is the one FusedRMSNorm uses (no second compilation); the [hidden] add is negligible.
+        return fused_rms_norm(x, 1.0 + self.weight.float(), self.eps)
 
 
 def _segments(attention_mask: torch.Tensor | None, packed_seq_params: Any, length: int, row: int) -> list[tuple]:
@@ -185,9 +200,10 @@ def linear_attention_pattern(hf_text_config: Any) -> list[int]:
     return [int(t == "linear_attention") for t in types[:n]]
 
 
-def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None) -> Any:
+def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None, kernels: Any = None) -> Any:
     """The decoder block spec of this pipeline stage: GDN or gated attention per layer (config.linear_attention_freq),
-    MoE or dense MLP per layer (config.moe_layer_freq)."""
+    MoE or dense MLP per layer (config.moe_layer_freq); on the local spec, with the faster paths `kernels` (a
+    LocalKernels, local_kernels_flags.py) asks for."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
@@ -208,6 +224,12 @@ def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None) -> 
 
     pattern = config.linear_attention_freq
     norm = ZeroCenteredRMSNorm if config.layernorm_zero_centered_gamma else RMSNorm
+    fused = kernels is not None and kernels.fused_elementwise
+    if fused and norm is ZeroCenteredRMSNorm:
+        # Layer, q/k and final norms. The gated out_norm stays RMSNorm: it already runs inside GatedDeltaNet's
+        # _apply_gated_norm, which Megatron compiles with its silu gate (jit_fuser), as it does the gated attention's
+        # sigmoid output gate. Qwen3-Next/3.5 norms are all zero-centred, so plain RMSNorm needs no fused twin here.
+        norm = FusedZeroCenteredRMSNorm
     specs = get_gpt_decoder_layer_specs(config, use_transformer_engine=False, normalization=config.normalization)
     layers = []
     for i, layer in enumerate(specs):
@@ -217,4 +239,9 @@ def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None) -> 
         layers.append(layer)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=layers[offset : offset + count], layer_norm=norm)
+    spec = TransformerBlockSubmodules(layer_specs=layers[offset : offset + count], layer_norm=norm)
+    if kernels is not None and kernels.grouped_experts:
+        from slime_like.trainer.megatron.grouped_experts import use_grouped_experts
+
+        use_grouped_experts(spec)  # the routed experts; the shared expert is one dense MLP (grouped_experts.py)
+    return spec

@@ -14,7 +14,9 @@ The expert weights are stacked each forward (one copy of the local experts' weig
 stack's backward hands each expert its own gradient, so Megatron's DDP gradient hooks see the same parameters.
 Expert linears do no tensor-parallel communication of their own (the dispatcher does it for EP and expert-TP), so the
 same math serves every EP and expert-TP size. Configs this does not cover (expert biases, FP8/FP4, a latent MoE size,
-clamped or offset GLUs) run SequentialMLP's loop unchanged.
+clamped or offset GLUs) run SequentialMLP's loop unchanged. A shared expert (Qwen3-Next/3.5's gated one, DeepSeek-V3's)
+is one dense MLP over every token, beside the routed experts: there is no loop to group, and joining it to the routed
+GEMM would take a copy of every token through the dispatcher and a width equal to the routed experts'.
 """
 
 from __future__ import annotations
