@@ -3,7 +3,8 @@ each layout's packed log-probs of test_vlm_parity.py's two image samples equal t
 one SGD step its exported HF weights (the vision tower's included) equal the one-process run's within 2e-6.
 
 Families: Qwen2.5-VL, Qwen3-VL (deepstack), Qwen3.5 (hybrid, tied) at TP 2 and DP 2; Qwen3.5-MoE at DP 2 and EP 2
-(Megatron refuses MoE with TP but no sequence parallel, which the CPU's local layer spec cannot run). PP 2 passes too for
+(Megatron refuses MoE with TP but no sequence parallel, which the CPU's local layer spec cannot run); Qwen3-VL-MoE at
+EP 2 (its checkpoint's stacked experts split over the ranks and stacked back). PP 2 passes too for
 Qwen2.5-VL (run vlm_worker.py with pp2:DIR); CI leaves it out to keep within its time.
 """
 
@@ -20,6 +21,7 @@ from tests.megatron.test_vlm_parity import (
     make_qwen3_5_vl,
     make_random_qwen2_5_vl,
     make_random_qwen3_vl,
+    make_random_qwen3_vl_moe,
     vlm_train_run,
 )
 
@@ -28,6 +30,7 @@ LAYOUTS = {
     "qwen3_vl": ("tp2", "dp2"),
     "qwen3_5": ("tp2", "dp2"),
     "qwen3_5_moe": ("dp2", "ep2"),  # MoE with TP needs sequence parallel: not on CPU (local spec)
+    "qwen3_vl_moe": ("ep2",),  # its stacked experts loaded and exported across two expert-parallel ranks
 }
 
 
@@ -39,6 +42,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3: Path) -> d
         "qwen3_vl": make_random_qwen3_vl(root / "qwen3_vl"),
         "qwen3_5": make_qwen3_5_vl(root / "qwen3_5", tiny_qwen3),
         "qwen3_5_moe": make_qwen3_5_vl(root / "qwen3_5_moe", tiny_qwen3, moe=True),
+        "qwen3_vl_moe": make_random_qwen3_vl_moe(root / "qwen3_vl_moe"),
     }
 
 
