@@ -9,7 +9,7 @@ builds the TransformerConfig and the GPTModel; the fixes it needs are made here 
   its core attention assumes q/k and v heads of kv_channels, so MLA gets a subclass taking its sizes.
   The local spec cannot run context or sequence parallel: make_bridge refuses them with the flag's name.
   Its core attention can be torch's (varlen / flex / SDPA, torch_attention.py): on CUDA without TE by default,
-  on the CPU when `torch_attention` (--attention-backend-torch) asks; it takes packed (THD) micro-batches.
+  on the CPU when `torch_attention` (--local-core-attention) asks; it takes packed (THD) micro-batches.
 - mbridge takes the TP/PP/CP/EP sizes from Megatron's parallel state, but turns sequence parallel on
   whenever TP > 1: here it follows --sequence-parallel (init_parallel) instead.
 - Family-specific config fixes (Llama 3 rope scaling, DeepSeek-V3 on megatron-core 0.16, GLM): bridges.py; GLM-4's
@@ -68,7 +68,7 @@ def make_bridge(
 
     `make_vocab_size_divisible_by` pads Megatron's vocabulary (padding rows are dropped on export);
     `config_overrides` are extra Megatron TransformerConfig fields (e.g. recompute settings);
-    `sequence_parallel` among them overrides init_parallel's choice; `torch_attention` (--attention-backend-torch:
+    `sequence_parallel` among them overrides init_parallel's choice; `torch_attention` (--local-core-attention:
     auto, varlen, flex, sdpa, off) picks torch's core attention for the local spec (torch_attention.py).
     """
     from megatron.core import parallel_state as mpu
