@@ -1,6 +1,6 @@
 """CUDA: torch's varlen and compiled flex attention against the math reference in bf16 (outputs and gradients), the
 call-by-call fallback of fp32 varlen to flex, the memory of an 8192-token packed micro-batch, and the engine's
-default on CUDA without Transformer Engine."""
+default on CUDA without Transformer Engine, Qwen3-Next / Qwen3.5 included."""
 
 from __future__ import annotations
 
@@ -80,3 +80,32 @@ def test_8192_token_micro_batch_stays_far_below_dense_scores(path) -> None:
 def test_cuda_without_te_defaults_to_varlen() -> None:
     te = importlib.util.find_spec("transformer_engine") is not None
     assert choose_attention("auto", cuda=True, transformer_engine=te) == (None if te else "varlen")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])
+def test_hybrid_engine_defaults_to_varlen_and_matches_the_packed_layout(family, tiny_qwen3, tmp_path) -> None:
+    """Qwen3-Next / Qwen3.5 on CUDA without TE: varlen in the gated attention layers and THD micro-batches by default,
+    with the log-probs of Megatron's local attention on a packed row (bf16; fla runs the gated delta nets)."""
+    pytest.importorskip("fla", reason="flash-linear-attention is not installed")
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.parallel import init_parallel
+    from slime_like.trainer.megatron.torch_attention import attention_paths
+    from tests.megatron.common import fixed_batch
+    from tests.megatron.tiny_families import make_qwen3_5, make_qwen3_next
+
+    if importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("TE installed: TE's spec and attention")
+    init_parallel(tp=1, pp=1, seed=1234)
+    make = make_qwen3_next if family == "qwen3_next" else lambda out, tok: make_qwen3_5(out, tok, moe=True)
+    hf_dir = make(tmp_path / family, tiny_qwen3)
+    seqs = fixed_batch()
+    ours = MegatronTrainEngine(hf_dir, None, max_tokens_per_micro_batch=40, dtype=torch.bfloat16)
+    got = ours.forward_logprobs(seqs)
+    assert ours.layout == "thd" and attention_paths(ours.model) == ["varlen"]
+    local = MegatronTrainEngine(
+        hf_dir, None, max_tokens_per_micro_batch=40, dtype=torch.bfloat16, torch_attention="off"
+    )
+    assert local.layout == "packed"
+    for a, b in zip(got, local.forward_logprobs(seqs), strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=0)

@@ -31,7 +31,7 @@ def test_choice_by_device_te_and_flag(requested, cuda, te, expected) -> None:
 
 
 def test_features_move_auto_to_a_path_that_has_them() -> None:
-    # Dropout runs only on SDPA; softmax offsets and hybrid specs on no torch path: Megatron's attention stays.
+    # Dropout runs only on SDPA; softmax offsets and own-attention specs (DSA) on no torch path: Megatron's stays.
     assert choose_attention("auto", cuda=True, transformer_engine=False, dropout=0.1) == "sdpa"
     assert choose_attention("sdpa", cuda=False, transformer_engine=False, dropout=0.1) == "sdpa"
     assert choose_attention("auto", cuda=True, transformer_engine=False, softmax_type="learnable") is None

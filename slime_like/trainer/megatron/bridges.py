@@ -348,6 +348,7 @@ class Qwen3NextBridge(Qwen3MoEBridge):
     MoE with a gated shared expert, zero-centered RMSNorms (slime_like.trainer.megatron.gated_delta_net)."""
 
     builds_own_layer_spec = True  # model.make_bridge keeps _get_transformer_layer_spec on the CPU too
+    takes_torch_attention = True  # hybrid_block_spec swaps torch's core attention into its gated attention layers
 
     def _build_config(self) -> Any:
         from megatron.core import parallel_state as mpu
@@ -408,7 +409,8 @@ class Qwen3NextBridge(Qwen3MoEBridge):
 
         self.has_vp_stage = True  # read by LLMBridge's provider
         local, kernels = getattr(self, "slime_like_local_spec", True), getattr(self, "slime_like_local_kernels", None)
-        return hybrid_block_spec(self.config, local, vp_stage, kernels)
+        attention = getattr(self, "slime_like_torch_attention", None)  # make_bridge's choice (torch_attention.py)
+        return hybrid_block_spec(self.config, local, vp_stage, kernels, attention)
 
 
 class Qwen3_5Bridge(Qwen3NextBridge):

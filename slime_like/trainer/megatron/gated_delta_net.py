@@ -200,10 +200,12 @@ def linear_attention_pattern(hf_text_config: Any) -> list[int]:
     return [int(t == "linear_attention") for t in types[:n]]
 
 
-def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None, kernels: Any = None) -> Any:
+def hybrid_block_spec(
+    config: Any, local: bool, vp_stage: int | None = None, kernels: Any = None, torch_attention: str | None = None
+) -> Any:
     """The decoder block spec of this pipeline stage: GDN or gated attention per layer (config.linear_attention_freq),
     MoE or dense MLP per layer (config.moe_layer_freq); on the local spec, with the faster paths `kernels` (a
-    LocalKernels, local_kernels_flags.py) asks for."""
+    LocalKernels, local_kernels_flags.py) asks for, and torch's core attention on the `torch_attention` path."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
@@ -244,4 +246,10 @@ def hybrid_block_spec(config: Any, local: bool, vp_stage: int | None = None, ker
         from slime_like.trainer.megatron.grouped_experts import use_grouped_experts
 
         use_grouped_experts(spec)  # the routed experts; the shared expert is one dense MLP (grouped_experts.py)
+    if torch_attention is not None:
+        from slime_like.trainer.megatron.torch_attention import use_torch_attention
+
+        # The gated attention layers' core attention (its output gate is applied after it, by Attention); the engine
+        # then packs micro-batches as THD, which PackedGatedDeltaNet splits by cu_seqlens.
+        use_torch_attention(spec, torch_attention)
     return spec

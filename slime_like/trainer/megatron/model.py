@@ -102,13 +102,15 @@ def make_bridge(
     if local_spec and not getattr(bridge, "builds_own_layer_spec", False):  # Qwen3-Next builds both specs
         bridge._get_transformer_layer_spec = types.MethodType(local_layer_spec, bridge)
     bridge.set_extra_args(**{**transformer_config_overrides(local_spec, sequence_parallel), **config_overrides})
+    # A family building its own spec swaps torch's attention in itself, if it says so (Qwen3-Next / Qwen3.5).
+    own_spec = getattr(bridge, "builds_own_layer_spec", False) and not getattr(bridge, "takes_torch_attention", False)
     bridge.slime_like_torch_attention = choose_attention(
         torch_attention,
         ON_CUDA,
         not local_spec,
         softmax_type=getattr(bridge.config, "softmax_type", "vanilla"),
         dropout=float(bridge.config.attention_dropout or 0.0),
-        own_spec=getattr(bridge, "builds_own_layer_spec", False),
+        own_spec=own_spec,
     )
     return bridge
 

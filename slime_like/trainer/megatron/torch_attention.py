@@ -11,7 +11,8 @@ runs one of three torch paths:
 - "sdpa": scaled_dot_product_attention once per sequence (is_causal), or over the whole [S, B, H, D] batch.
 A call the chosen path cannot run (dtype, device, gradients, dropout) takes the next path in that order, never
 an approximation. GQA and sliding windows (config.window_size, per layer) run on every path; softmax offsets
-(config.softmax_type off-by-one/learnable) on none, so those models keep Megatron's attention.
+(config.softmax_type off-by-one/learnable) on none, so those models keep Megatron's attention. Qwen3-Next / Qwen3.5's
+hybrid spec takes it in its gated attention layers (gated_delta_net.hybrid_block_spec); GLM-5's DSA keeps its own.
 `choose_attention` decides from the flag (--local-core-attention, local_kernels_flags.py) whether the spec uses it.
 """
 
@@ -56,7 +57,7 @@ def choose_attention(
     if transformer_engine:
         why_not = "Transformer Engine is installed and its attention is used"
     elif own_spec:
-        why_not = "this model family builds its own layer spec (hybrid linear attention)"
+        why_not = "this model family builds its own layer spec with its own attention (GLM-5's DSA)"
     elif softmax_type != "vanilla":
         why_not = f"softmax_type {softmax_type!r} (softmax offsets/sinks) has no torch attention path here"
     elif requested == "varlen" and not cuda:
