@@ -7,7 +7,6 @@ eager bodies, so the suite does not compile a whole model."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,27 +120,8 @@ def test_megatron_swiglu_fusion_matches_the_unfused_glu() -> None:
             torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.fixture(scope="module")
-def tiny_hybrid(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Tiny Qwen3-Next / Qwen3.5 / Qwen3.5-MoE checkpoints by family name, each written once for the module."""
-    from tests.megatron.tiny_families import make_qwen3_5, make_qwen3_next
-
-    made: dict[str, Path] = {}
-
-    def make(family: str) -> Path:
-        if family not in made:
-            out = tmp_path_factory.mktemp(f"tiny-{family}")
-            if family == "qwen3_next":
-                made[family] = make_qwen3_next(out, tiny_qwen3)
-            else:
-                made[family] = make_qwen3_5(out, tiny_qwen3, moe=family == "qwen3_5_moe")
-        return made[family]
-
-    return make
-
-
 def checkpoint_of(family: str, request: pytest.FixtureRequest) -> Path:
-    """The tiny checkpoint of a family: the session's Qwen3 / Qwen3-MoE fixtures, or a hybrid one."""
+    """The tiny checkpoint of a family: the session's Qwen3 / Qwen3-MoE fixtures, or a hybrid one (conftest.py)."""
     if family in ("qwen3", "qwen3_moe"):
         return request.getfixturevalue(f"tiny_{family}")
     return request.getfixturevalue("tiny_hybrid")(family)

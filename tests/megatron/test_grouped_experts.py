@@ -9,12 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.megatron.test_fused_ops import (
-    checkpoint_of,
-    gradient_tolerance,
-    logits_and_grads,
-    tiny_hybrid,  # noqa: F401  (a fixture checkpoint_of asks for)
-)
+from tests.megatron.test_fused_ops import checkpoint_of, gradient_tolerance, logits_and_grads
 
 
 def _per_expert(x: torch.Tensor, weights: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -17,10 +17,7 @@ from slime_like.trainer.megatron.torch_attention import (
     thd_attention,
 )
 from tests.megatron.common import fixed_batch, num_targets, token_ce_loss
-from tests.megatron.test_fused_ops import (
-    checkpoint_of,
-    tiny_hybrid,  # noqa: F401  (a fixture checkpoint_of asks for)
-)
+from tests.megatron.test_fused_ops import checkpoint_of
 
 CU = [0, 7, 7, 20, 33, 48]  # an empty sequence among them
 SCALE = 1 / math.sqrt(16)
