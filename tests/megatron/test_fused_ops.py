@@ -195,11 +195,9 @@ def test_fused_model_matches_reference_with_the_same_names(
 
 
 def gradient_tolerance(name: str) -> float:
-    """A parameter's gradient tolerance, relative to its largest gradient.
-
-    fp32 rounding (1e-6), except the gated delta net's per-head decay (A_log, dt_bias): their gradients are sums
-    over every token and channel that nearly cancel (5e-4 where others reach 0.5), so a last-bit change anywhere
-    shows up 1e-4 relative. Measured: 1.5e-4 with Megatron's fused SwiGLU alone (its own backward formula) and the
-    norms unfused; the fused norms alone are bit-exact.
-    """
+    """A parameter's gradient tolerance, relative to its largest gradient."""
+    # fp32 rounding (1e-6), except the gated delta net's per-head decay (A_log, dt_bias): their gradients are sums
+    # over every token and channel that nearly cancel (5e-4 where others reach 0.5), so a last-bit change anywhere
+    # shows up 1e-4 relative. Measured: 1.5e-4 with Megatron's fused SwiGLU alone (its own backward formula) and the
+    # norms unfused; the fused norms alone are bit-exact.
     return 5e-4 if name.endswith(("self_attention.A_log", "self_attention.dt_bias")) else 1e-6
