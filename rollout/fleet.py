@@ -267,6 +267,10 @@ class EngineFleet(EngineRestarts):
             return error
         return None
 
+    def behind(self) -> list[str]:
+        """The URLs of live engines that lack the weight version the router's engines hold (restarted ones)."""
+        return [e.url for e in self.engines if not e.dead and e.version != self.version]
+
     def live_urls(self) -> list[str]:
         """The servers not taken out (all of them when started elsewhere)."""
         return [e.url for e in self.engines if not e.dead] if self.engines else self.server_urls()

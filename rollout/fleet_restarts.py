@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from rollout.catch_up import can_catch_up, catch_up
+from rollout.catch_up import can_catch_up, catch_up, checkpoint_version
 from rollout.engines import Engine, start_engines, stop_engines
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class EngineRestarts:
         with self._engines_lock:
             for new in fresh:
                 new.joining = True
+                new.version = checkpoint_version(self.args)  # in a LoRA run none: it holds no adapter yet
                 self.engines[new.index] = new
                 when = "once it holds the current weights" if self.spec.update_weights else "again now"
                 logger.info("%srestarted %s; it serves %s", self._name(), new.describe(), when)

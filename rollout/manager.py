@@ -181,6 +181,10 @@ class RolloutManager:
                 fleet.heal()  # frozen groups heal themselves on failure; this catches a restart that failed
         return self.fleet.recover()
 
+    def engines_behind(self) -> list[str]:
+        """The URLs of live engines without the current weights (restarted, out of the router until they get them)."""
+        return self.fleet.behind()
+
     def engine_verdict(self, urls: list[str], cause: str) -> list[str]:
         """A weight update failed: the engines of `urls` the fleet still counts alive (dead ones taken out)."""
         return self.fleet.verdict(urls, cause)

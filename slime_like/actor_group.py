@@ -167,11 +167,17 @@ class TrainGroup:
         return self._gather(refs, "trainer ranks ran train")[0]
 
     def update_weights(
-        self, server_urls: list[str], version: int, transport: str, output_dir: str, fleet: Any = None
+        self,
+        server_urls: list[str],
+        version: int,
+        transport: str,
+        output_dir: str,
+        fleet: Any = None,
+        behind: list[str] | None = None,
     ) -> float:
-        """Push weights into the servers (`fleet`: the rollout manager, judge of engines that die meanwhile); returns
-        seconds taken on rank 0."""
-        return self._all("update_weights", server_urls, version, transport, output_dir, fleet)
+        """Push weights into the servers (`fleet`: the rollout manager, judge of engines that die meanwhile; `behind`:
+        servers restarted since they got weights); returns seconds taken on rank 0."""
+        return self._all("update_weights", server_urls, version, transport, output_dir, fleet, behind)
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Every rank closes its weight channel, frees its model and leaves torch.distributed (bounded)."""

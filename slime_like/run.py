@@ -212,10 +212,11 @@ class Run:
         if not (force or self.weights_due(rollout_id)):
             self._offload_trainer()
             return 0.0
-        self._recover_engines()
+        behind = self._recover_engines()
         seconds = self.trainer.update_weights(
-            self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir, self._fleet()
-        )
+            self.server_urls, rollout_id + 1, self.args.update_weight_transport, self.args.output_dir, self._fleet(),
+            behind,
+        )  # fmt: skip
         if self.args.use_fault_tolerance:  # the restarted ones now hold these weights: they may serve
             ray.get(self.rollout.rejoin_engines.remote(rollout_id + 1))
         self.weights_pushed = True
@@ -250,16 +251,17 @@ class Run:
             return True
         return (rollout_id + 1) % getattr(self.args, "update_weights_interval", 1) == 0
 
-    def _recover_engines(self) -> None:
+    def _recover_engines(self) -> list[str]:
         """--use-fault-tolerance: engines that failed a health check restart now, on their slots; placement.json
-        follows their new pids."""
+        follows their new pids. The URLs of the engines that lack the current weights (restarted ones)."""
         if not self.args.use_fault_tolerance:
-            return
+            return []
         self.server_urls = self.wait(self.rollout.recover_engines.remote(), "dead engines restarted")
         engines = ray.get(self.rollout.engine_layout.remote())
         if engines != self.engines:
             self.engines = engines
             self._write_placement()
+        return ray.get(self.rollout.engines_behind.remote())
 
     def _fleet(self) -> Any:
         """--use-fault-tolerance: the rollout manager, whose fleet judges an engine a weight update failed on."""
@@ -417,11 +419,11 @@ class Run:
         if not self.has_both_sides or not self.weights_due(rollout_id):
             return 0.0
         start = time.monotonic()
-        self._recover_engines()
+        behind = self._recover_engines()
         self.wait(self.rollout.pause_generation.remote(args.pause_generation_mode), "generation paused")
         try:
             self.trainer.update_weights(
-                self.server_urls, rollout_id + 1, args.update_weight_transport, args.output_dir, self._fleet()
+                self.server_urls, rollout_id + 1, args.update_weight_transport, args.output_dir, self._fleet(), behind
             )
         finally:  # a failed update still lets generation go on (a paused server would hang every request)
             self.wait(self.rollout.continue_generation.remote(rollout_id + 1), "generation continued")

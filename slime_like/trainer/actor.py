@@ -147,6 +147,7 @@ class TrainActor:
         self.entropy_grad = args.loss_type == "custom_loss" or bool(args.entropy_coef)
         self.transport = None
         self.transport_urls: list[str] = []  # the servers the transport was made for
+        self.transport_kind = ""  # and its kind (--update-weight-transport)
 
     def _optimizer_settings(self, lr: float):
         from slime_like.trainer.megatron.cpu_compat import transformer_engine_available
@@ -346,17 +347,27 @@ class TrainActor:
         )
 
     def update_weights(
-        self, server_urls: list[str], version: int, transport: str, output_dir: str, fleet: Any = None
+        self,
+        server_urls: list[str],
+        version: int,
+        transport: str,
+        output_dir: str,
+        fleet: Any = None,
+        behind: list[str] | None = None,
     ) -> float:
         """Push the current weights to every server as `version` (rank 0 sends; all ranks take part in the
         gather), retrying and falling back as the weight-update flags say; optionally check the result. With
-        `fleet` (the rollout manager, --use-fault-tolerance) an engine that dies meanwhile is its to take out."""
+        `fleet` (the rollout manager, --use-fault-tolerance) an engine that dies meanwhile is its to take out;
+        `behind`: the servers restarted since they got weights (a multi-LoRA update sends them every adapter)."""
         from slime_like.trainer.weights.factory import make_updater
         from slime_like.trainer.weights.updater import ask_fleet
 
         start = time.monotonic()
-        # An engine was restarted, or the last update lost one (its updater targets only those left).
-        if self.transport is not None and (server_urls != self.transport_urls or self.transport.urls is not None):
+        # An engine was restarted, the last update lost one (its updater targets only those left), or the caller
+        # names another transport.
+        made_for = (list(server_urls), transport)
+        stale = made_for != (self.transport_urls, self.transport_kind)
+        if self.transport is not None and (stale or self.transport.urls is not None):
             self.transport.close()
             self.transport = None
         if self.transport is None:
@@ -364,14 +375,17 @@ class TrainActor:
             self.transport = make_updater(
                 self.args, server_urls, transport, output_dir, self.engine.lora, multi_lora, self.master_addr, self.rank
             )
-            self.transport_urls = list(server_urls)
+            self.transport_urls, self.transport_kind = made_for
         self.transport.fleet = ask_fleet(fleet, self.args.rollout_health_check_timeout) if fleet else None
         # --fully-async pauses with its mode (requests stay in flight); every other loop drains (abort).
         mode = self.args.pause_generation_mode if self.args.fully_async else "abort"
         # A LoRA run sends its adapter only: the servers keep the base they started with (weights/lora.py).
         export = self.engine.export_adapter if self.engine.lora is not None else self.engine.export_hf_weights
         if self.lora_slots is not None:  # multi-LoRA: the adapters that changed since the servers got them
-            export = partial(self.lora_slots.export, sorted(self.lora_slots.changed))
+            # A restarted server holds none (it started with the base only): then every adapter goes, to all.
+            restarted = bool(set(behind or ()) & set(server_urls))
+            names = self.lora_slots.names if restarted else self.lora_slots.changed
+            export = partial(self.lora_slots.export, sorted(names))
         # An in-place transport leaves out the frozen weights every engine holds already (megatron/frozen_weights.py).
         in_place = None if self.engine.lora is not None else partial(self.engine.export_hf_weights, in_place=True)
         used = self.transport.update(export, version, mode, in_place)
@@ -384,7 +398,7 @@ class TrainActor:
             gone: list[str] = []  # died since the update: the fleet took them out
             worst = self.check_weights(live, f"after the update to version {version}", self.transport.fleet, gone)
             logger.info("weight version %d over %s: servers match the trainer within %.2g (%d servers)", version, used,
-                        worst, len(live) - len(gone))  # fmt: skip
+                        worst, len(live) - len(set(gone)))  # fmt: skip
         return time.monotonic() - start
 
     def check_weights(self, server_urls: list[str], when: str, fleet: Any = None, skipped: list | None = None) -> float:

@@ -185,6 +185,28 @@ def test_a_restarted_engine_joins_only_at_the_current_weight_version(monkeypatch
     assert fleet.rejoin(4) == 1 and joined == ["http://a", "http://b2"] and late.version == 4
 
 
+def test_a_restarted_engine_of_a_lora_run_waits_for_the_trainers_adapters(monkeypatch) -> None:
+    """A LoRA run's engine restarts with the base only: at version 0 (the base with the trainer's adapters) it is
+    behind, stays out of the router and is not caught up from its checkpoint; the next update (which the trainer
+    sends with every adapter, as the engine is behind) brings it in."""
+    from rollout.catch_up import can_catch_up, checkpoint_version
+
+    args = Namespace(output_dir="/tmp/unused", rollout_health_check_timeout=5.0, lora_rank=4)
+    assert checkpoint_version(args) == -1 and not can_catch_up(args, 0)
+    assert checkpoint_version(Namespace()) == 0 and can_catch_up(Namespace(), 0)
+    fleet = EngineFleet(args, FleetSpec("policy", "model", 1, None))
+    fleet.engines = [Engine(0, parts=[], slots=[], url=URLS[0]), Engine(1, parts=[], slots=[], url=URLS[1])]
+    joined: list[str] = []
+    monkeypatch.setattr(fleet, "_join", lambda engines: joined.extend(e.url for e in engines) or len(engines))
+    fleet.engines[1] = Engine(1, parts=[], slots=[], url="http://b2", joining=True, version=checkpoint_version(args))
+    assert fleet.version == 0 and fleet.behind() == ["http://b2"]
+    fleet._bring_in()
+    assert joined == [] and fleet.engines[1].joining
+    fleet._targets = list(fleet.engines)
+    monkeypatch.setattr(fleet, "restart_soon", lambda: None)
+    assert fleet.rejoin(1) == 1 and joined == ["http://b2"] and fleet.behind() == []
+
+
 def test_a_wait_inside_an_update_ends_when_the_watch_finds_a_target_dead() -> None:
     """A server answer that never comes (a live server held by a broken broadcast): the watch's verdict ends it."""
     import threading
