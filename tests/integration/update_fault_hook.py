@@ -25,7 +25,8 @@ from rollout.generate import generate
 
 
 def kill_at(phase: str, urls: list[str], version: int) -> None:
-    """Kill the last engine when (version, phase) is planned, once; (version, phase, group): a model group's engine."""
+    """Kill the last engine when (version, phase) is planned, once; (version, phase, "first"): the first;
+    (version, phase, group): a model group's engine."""
     planned = [item.split(":") for item in os.environ.get("UPDATE_FAULT_KILLS", "").split(",") if item]
     out = Path(os.environ["UPDATE_FAULT_DIR"])
     for item in planned:
