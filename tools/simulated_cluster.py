@@ -19,15 +19,19 @@ RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"
 NODE = {"node_ip_address": "127.0.0.1", "object_store_memory": 200 << 20}
 
 
-def start_cluster(worker_cpus: list[int]) -> tuple[Any, list[Any]]:
+def start_cluster(worker_cpus: list[int], system_config: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
     """A head without CPUs (drivers and light actors only) and one worker node per entry, with that many CPUs;
-    returns the Cluster and its worker nodes. Sets RAY_ENV in this process's environment."""
+    returns the Cluster and its worker nodes. Sets RAY_ENV in this process's environment. `system_config`: Ray's
+    internal settings for the whole cluster (e.g. how often the head checks each node's health)."""
     os.environ.update(RAY_ENV)
     import ray
     from ray.cluster_utils import Cluster
 
     ray._private.ray_constants.ENABLE_RAY_CLUSTER = False  # read at import: maybe before the line above
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **NODE})
+    head = {"num_cpus": 0, "include_dashboard": False, **NODE}
+    if system_config:
+        head["_system_config"] = system_config
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         workers = [cluster.add_node(num_cpus=n, **NODE) for n in worker_cpus]
         cluster.wait_for_nodes()
