@@ -5,7 +5,8 @@ one SGD step its exported HF weights (the vision tower's included) equal the one
 Families: Qwen2.5-VL, Qwen3-VL (deepstack), Qwen3.5 (hybrid, tied) at TP 2 and DP 2; Qwen3.5-MoE at DP 2 and EP 2
 (Megatron refuses MoE with TP but no sequence parallel, which the CPU's local layer spec cannot run); Qwen3-VL-MoE at
 EP 2 (its checkpoint's stacked experts split over the ranks and stacked back). PP 2 passes too for
-Qwen2.5-VL (run vlm_worker.py with pp2:DIR); CI leaves it out to keep within its time.
+Qwen2.5-VL (run vlm_worker.py with pp2:DIR); CI leaves it out to keep within its time. At PP 2, a frozen tower stays
+out of an in-place update's export, also after a checkpoint load (frozen_weights.py).
 """
 
 from __future__ import annotations
@@ -46,11 +47,26 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3: Path) -> d
     }
 
 
+def frozen_tower_run(hf_dir: str | Path, checkpoint: Path) -> dict:
+    """After init_parallel: a frozen-tower engine's full and in-place export names after a step, and its in-place ones
+    after saving and loading a Megatron checkpoint (the recheck is a collective: a stage without the tower joins it)."""
+    from tests.megatron.test_vlm_parity import _engine, _sum_logprob_loss, _train_data
+
+    engine = _engine(Path(hf_dir), freeze=True)
+    data = _train_data()
+    engine.train_step(data.tokens, data, _sum_logprob_loss)
+    full, in_place = ({n for n, _ in engine.export_hf_weights(in_place=flag)} for flag in (False, True))
+    engine.save_checkpoint(checkpoint, with_optimizer=False)
+    engine.load_checkpoint(checkpoint, load_optimizer=False, load_rng=False)
+    return {"full": full, "in_place": in_place, "reloaded": {n for n, _ in engine.export_hf_weights(in_place=True)}}
+
+
 @pytest.fixture(scope="module")
 def parallel_runs(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Every family's layouts in one torchrun (a second one would cost its start-up again)."""
     out = tmp_path_factory.mktemp("vlm-parallel-out") / "runs.pt"
     runs = [f"{layout}:{checkpoints[family]}" for family, layouts in LAYOUTS.items() for layout in layouts]
+    runs.append(f"pp2-frozen:{checkpoints['qwen2_5_vl']}")
     torchrun(Path(__file__).with_name("vlm_worker.py"), [str(out), *runs], timeout=480)
     return torch.load(out)
 
@@ -73,3 +89,12 @@ def test_parallel_layouts_match_one_process_and_transformers(family, checkpoints
         for name, tensor in single["weights"].items():
             torch.testing.assert_close(run["weights"][name], tensor, atol=2e-6, rtol=0, msg=f"{layout}: {name}")
         assert run["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-6), layout
+
+
+def test_frozen_tower_left_out_at_pp2_also_after_a_checkpoint_load(checkpoints, parallel_runs):
+    """PP 2 with --freeze-params-name-list visual (frozen_weights.py): the in-place export is the full one less the
+    tower (which the first stage holds), also after a Megatron checkpoint load, whose recheck both stages join."""
+    run = parallel_runs[f"pp2-frozen:{checkpoints['qwen2_5_vl']}"]
+    tower = {n for n in run["full"] if n.startswith("visual.")}
+    assert tower and run["in_place"] == run["full"] - tower
+    assert run["reloaded"] == run["in_place"]

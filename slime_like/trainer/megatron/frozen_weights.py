@@ -35,8 +35,9 @@ class FrozenWeights:
         return self.frozen if self.as_checkpoint else frozenset()
 
     def recheck(self) -> None:
-        """After a Megatron checkpoint load: compare the frozen parameters with --hf-checkpoint again when next asked."""
-        self.as_checkpoint = None if self.frozen else True
+        """After a Megatron checkpoint load: compare the frozen parameters with --hf-checkpoint again when next asked
+        (on every rank, also one holding none: a pipeline stage without the vision tower takes part in the export)."""
+        self.as_checkpoint = None
 
     def _hold_checkpoint(self) -> bool:
         """Whether the frozen parameters hold --hf-checkpoint's values (a collective: every rank compares the same
