@@ -12,6 +12,7 @@ save still on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,7 +42,9 @@ def reward(args, sample):
 
 
 # Rollout 2 (its first sample is number 8) takes 5 minutes, after touching `held`: the trainer ranks sit idle
-# meanwhile, as they do through a long rollout on GPU.
+# meanwhile, as they do through a long rollout on GPU. The test ends the hold (`released`) once the driver has
+# stopped the trainer for the killed rank, so that the manager, then no longer mid-rollout, stops at once (else the
+# driver gives it 10 s).
 HOLD_PLUGIN = """
 import asyncio
 from pathlib import Path
@@ -55,6 +58,8 @@ async def generate(ctx, sample, sampling_params):
     if sample.index >= 8 and not ctx.evaluation:
         (HERE / "held").touch()
         for _ in range(1500):
+            if (HERE / "released").exists():
+                break
             await asyncio.sleep(0.2)
     return await default_generate(ctx, sample, sampling_params)
 """
@@ -139,13 +144,26 @@ class Killed:
     named: str = ""  # the start of the error that names the killed rank, its node and process
 
 
-def kill_rank_1(out: Path, proc: subprocess.Popen[bytes], log: Path) -> Killed:
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_rank_1(out: Path, proc: subprocess.Popen[bytes], log: Path, release: Path | None = None) -> Killed:
     """SIGKILL trainer rank 1 (its pid from the run's placement.json) and wait (2 minutes at most) for the run to
-    stop."""
-    victim = json.loads((out / "placement.json").read_text())["trainer"][1]
+    stop; with `release`, touch it once rank 0 is gone too (the driver kills the live ranks when it stops for a
+    lost one: the error is raised by then)."""
+    ranks = json.loads((out / "placement.json").read_text())["trainer"]
+    victim = ranks[1]
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
-    proc.wait(timeout=120)
+    if release is not None:
+        while not gone(ranks[0]["pid"]) and proc.poll() is None and time.monotonic() < killed + 120:
+            time.sleep(0.1)
+        release.touch()
+    proc.wait(timeout=max(1.0, killed + 120 - time.monotonic()))
     stopped = time.monotonic() - killed
     print(f"stopped {stopped:.1f} s after the kill")
     node = f"{victim['address']}/{victim['node'][:8]}"
@@ -173,8 +191,10 @@ def killed_saving(tiny_qwen3: Path, task: Path, chain: Path) -> dict:
         _, alive = psutil.wait_procs(watched, timeout=30)
     finally:
         proc.kill()
-        for leftover in psutil.wait_procs(job_processes, timeout=10)[1]:  # Ray's agents may take longer: sweep
-            leftover.kill()
+        # What the test watched is settled; Ray's own processes may linger for many seconds: sweep them now.
+        for leftover in psutil.wait_procs(job_processes, timeout=1)[1]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
     return {
         "pids": pids,
         "watched": watched,
@@ -189,13 +209,14 @@ def killed_saving(tiny_qwen3: Path, task: Path, chain: Path) -> dict:
 def killed_held(killed_saving: dict, tiny_qwen3: Path, task: Path, chain: Path) -> Killed:
     """Run 2, resumed from Run 1's checkpoint: rank 1 killed while the ranks wait out a long rollout 2."""
     out, save, log = chain / "killed-held", chain / "ckpt", chain / "killed-held.log"
-    held = task / "held"
+    held, released = task / "held", task / "released"
     held.unlink(missing_ok=True)
+    released.unlink(missing_ok=True)
     hold = ("--custom-generate-function-path", "hold_generate.generate")
     proc = start(job(tiny_qwen3, task, out, save, "--load", str(save), *hold), task, log)
     try:
         wait_for("rollout 2 to be held", held.exists, proc, log, 0.2)
-        return kill_rank_1(out, proc, log)
+        return kill_rank_1(out, proc, log, released)
     finally:
         proc.kill()
 
