@@ -24,7 +24,7 @@ import pytest
 from slime_like.core.secret import API_KEY_ENV
 from slime_like.trainer.weights.base import HOOK_ENV
 from tests.conftest import REPO_ROOT
-from tests.integration.two_engine_job import REWARD_PLUGIN, delta_flags
+from tests.integration.two_engine_job import delta_flags
 from tests.integration.update_faults_driver import transport_at
 
 # Per run: the transport of each version from the one named on ("1:tensor,3:distributed": versions 1-2 tensor), and
@@ -43,6 +43,9 @@ RUNS = {
     # Every rollout starts once both engines serve: a restarted engine is caught up between updates.
     "delta": ("1:disk", ["1:paused", "2:start", "3:flushed"]),
 }  # fmt: skip
+# Rewards that differ within every group (two samples): every step moves the weights, a LoRA adapter's too (it starts
+# as the base).
+REWARD_PLUGIN = "def reward(args, sample):\n    return float(sample.index % 2)\n"
 # After this phase the update is done (the version tagged; for LoRA, the swap, one request): the weight check finds it.
 LANDED = {"lora": ":sent"}
 
@@ -50,7 +53,7 @@ LANDED = {"lora": ":sent"}
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("task")
-    (root / "spread_rm.py").write_text(REWARD_PLUGIN)  # rewards that differ: every adapter moves as it trains
+    (root / "parity_rm.py").write_text(REWARD_PLUGIN)
     for name, op in (("train", "+"), ("mul", "*")):  # the second: the second adapter's prompts
         rows = [{"prompt": f"{a}{op}{a}=", "label": str(2 * a)} for a in range(8)]
         (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -80,7 +83,7 @@ def test_an_engine_killed_inside_an_update_is_restarted_with_the_current_weights
         *([] if case == "lora" else ["--prompt-data", str(task / "train.jsonl")]),  # LoRA: the adapters' own
         "--input-key", "prompt", "--label-key", "label",
         "--rollout-batch-size", str(batch), "--n-samples-per-prompt", str(samples), "--num-rollout", str(rollouts),
-        "--rollout-max-response-len", "8", "--custom-rm-path", "spread_rm.reward", "--rollout-num-gpus", "2",
+        "--rollout-max-response-len", "8", "--custom-rm-path", "parity_rm.reward", "--rollout-num-gpus", "2",
         "--lr", "1e-3",
         "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "5",
         *flags, "--update-weight-timeout", "15", "--update-weight-retries", "0",
@@ -136,8 +139,9 @@ def test_an_engine_killed_inside_an_update_is_restarted_with_the_current_weights
     dumped = [[json.loads(line) for line in f.read_text().splitlines()] for f in dumps]
     assert [len(s) for s in dumped] == [batch * samples] * rollouts
     assert all(s["status"] in ("completed", "truncated") for r in dumped for s in r)
-    if case == "lora":  # one adapter per rollout, in turn
+    if case == "lora":  # one adapter per rollout, in turn, each step moving it: the checks compare moved adapters
         assert [{s["metadata"]["lora_adapter"] for s in r} for r in dumped] == [{"add"}, {"mul"}, {"add"}]
+        assert all(r[f"train/{name}/grad_norm"] > 0 for r, name in zip(train, ["add", "mul", "add"], strict=True))
 
 
 def _rows(out: Path) -> list[dict]:
