@@ -118,9 +118,9 @@ class EngineNode:
             return None
         return {"host": self.host, **pull(local, self.server.model_path, source, version, chain)}
 
-    def stop(self) -> int | None:
-        """Stop the SGLang process; its exit status."""
-        return self.server.stop() if self.server else None
+    def stop(self, grace: float | None = None) -> int | None:
+        """Stop the SGLang process (SIGKILL after `grace` s; None: the server's own timeout); its exit status."""
+        return self.server.stop(grace) if self.server else None
 
 
 @dataclass
@@ -221,13 +221,14 @@ def start_engines(
     return engines
 
 
-def stop_engines(engines: list[Engine], timeout: float = 60.0) -> None:
-    """Stop every engine's processes (bounded), then its actors."""
+def stop_engines(engines: list[Engine], timeout: float = 60.0, grace: float | None = None) -> None:
+    """Stop every engine's processes (bounded; SIGKILL after `grace` s, None: the server's own timeout), then its
+    actors."""
     actors = [a for e in engines for a in e.parts]
     if not actors:  # nothing to stop: a Ray call here would start a local Ray instance in a process without one
         return
     try:
-        ray.get([a.stop.remote() for a in actors], timeout=timeout)
+        ray.get([a.stop.remote(grace) for a in actors], timeout=timeout)
     except Exception as exc:  # an actor or its node may be gone: its process died with it
         logger.warning("stopping SGLang engines: %r", exc)
     for actor in actors:

@@ -256,9 +256,9 @@ class SGLangServer:
         if self.node_rank == 0:  # later node ranks serve /health only
             freeze_gc(self.url, api_key=self.api_key)  # its own key, which may not be this process's
 
-    def stop(self) -> int | None:
-        """Stop the server (SIGTERM, SIGKILL after `stop_timeout`); return its exit status."""
-        return self.process.stop(self.stop_timeout) if self.process else None
+    def stop(self, grace: float | None = None) -> int | None:
+        """Stop the server (SIGTERM, SIGKILL after `grace`, default `stop_timeout`, seconds); its exit status."""
+        return self.process.stop(self.stop_timeout if grace is None else grace) if self.process else None
 
     def __enter__(self) -> SGLangServer:
         return self if self.process else self.start()

@@ -118,7 +118,7 @@ def test_the_fleet_takes_out_a_dead_engine_and_keeps_it_out_of_the_router(monkey
     fleet._server_urls = list(URLS)
     stopped: list[int] = []
     monkeypatch.setattr(
-        fleet_module, "stop_engines", lambda engines, timeout=30: stopped.extend(e.index for e in engines)
+        fleet_module, "stop_engines", lambda engines, timeout=30, grace=None: stopped.extend(e.index for e in engines)
     )
     monkeypatch.setattr(
         fleet, "_reachable", lambda e: EngineError(f"{e.url}: its SGLang process exited") if e.index == 0 else None
