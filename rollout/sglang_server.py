@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -10,8 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollout.sglang_client import freeze_gc
-from slime_like.core.process import ManagedProcess, check_port_free, free_port
+from slime_like.core.process import ManagedProcess, PortInUseError, check_port_free, free_port
 from slime_like.core.secret import API_KEY_ENV, LAUNCH_WITH_KEY, run_secret
+
+logger = logging.getLogger(__name__)
 
 # CPU-only settings (each measured on our 2-core machines; the reasons are beside them); none apply on GPU.
 CPU_FLAGS = (
@@ -213,6 +216,18 @@ class SGLangServer:
             self.nccl_port = free_port(self.host)
         return self.nccl_port
 
+    def _drawn_port(self) -> int:
+        """A free port for the server (LISTEN_PORTS: port + 10000, SGLang's gRPC port, stays valid), drawn again
+        when it is taken by the time it is checked (scripts/bench/bench_starts.py saw this once in 300 starts)."""
+        for _ in range(5):
+            port = free_port(self.host)
+            try:
+                check_port_free(self.host, port)
+                return port
+            except PortInUseError:
+                logger.warning("port %s on %s was taken as soon as it was drawn; drawing another", port, self.host)
+        return free_port(self.host)  # a fifth race in a row: start() names the port when it fails
+
     def _tp_size(self) -> int:
         """The --tp-size among the extra arguments (1 when absent)."""
         for flag in ("--tp-size", "--tp", "--tensor-parallel-size"):
@@ -226,7 +241,7 @@ class SGLangServer:
             raise RuntimeError(f"SGLang server at {self.url} was already started")
         validate_model_path(self.model_path)
         if self.port is None:
-            self.port = free_port(self.host)  # LISTEN_PORTS: port + 10000 (SGLang's gRPC port) stays valid
+            self.port = self._drawn_port()
         if self.port + 10000 > 65535 and "SGLANG_GRPC_PORT" not in os.environ:
             raise ValueError(
                 f"SGLang port {self.port} is too high: SGLang derives a gRPC port as port + 10000 and refuses one "

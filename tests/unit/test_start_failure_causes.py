@@ -133,3 +133,21 @@ def test_freeze_gc_sends_the_server_s_own_key(monkeypatch: pytest.MonkeyPatch) -
         server.shutdown()
         server.server_close()
     assert seen == ["Bearer own", "Bearer the-run-s"]
+
+
+def test_a_drawn_port_taken_before_its_check_is_drawn_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import socket
+
+    from rollout import sglang_server
+
+    # A listener on the first port the draw returns: the server must not fail its start on it, but draw again.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    draws = iter([taken.getsockname()[1]])
+    real = sglang_server.free_port
+    monkeypatch.setattr(sglang_server, "free_port", lambda host: next(draws, None) or real(host))
+    with taken:
+        port = sglang_server.SGLangServer(str(tmp_path))._drawn_port()
+        assert port != taken.getsockname()[1]
+        sglang_server.check_port_free("127.0.0.1", port)
