@@ -78,7 +78,7 @@ def free_port(host: str = "127.0.0.1", low: int | None = None, high: int | None 
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Raise PortInUseError, naming the port and what to do, if `host:port` cannot be bound."""
+    """Raise PortInUseError, naming the port, what holds it and what to do, if `host:port` cannot be bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # SO_REUSEADDR as servers set it: a port in TIME_WAIT after a stopped server is usable, a listener is not.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -86,9 +86,28 @@ def check_port_free(host: str, port: int) -> None:
             sock.bind((host, port))
         except OSError as exc:
             raise PortInUseError(
-                f"port {port} on {host} is already in use ({exc.strerror}); stop the process holding it "
-                f"(`ss -ltnp 'sport = :{port}'` shows it) or choose another port (leave the port unset to pick a free one)"
+                f"port {port} on {host} is already in use ({exc.strerror}; {port_holders(port)}); stop the process "
+                f"holding it (`ss -tanp 'sport = :{port}'` shows it) or choose another port (leave the port unset to "
+                "pick a free one)"
             ) from exc
+
+
+def port_holders(port: int) -> str:
+    """The sockets on local `port` as `ss` would list them (state, pid, command), for an error message."""
+    try:
+        held = [c for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port]
+    except (psutil.AccessDenied, OSError) as exc:
+        return f"its holder is unknown: {exc}"
+    if not held:
+        return "no socket holds it now"
+    parts = []
+    for conn in held[:3]:
+        try:
+            who = f"pid {conn.pid} ({' '.join(psutil.Process(conn.pid).cmdline())[:120]})" if conn.pid else "no pid"
+        except psutil.Error:
+            who = f"pid {conn.pid}"
+        parts.append(f"{conn.status} {conn.laddr.ip}:{port} by {who}")
+    return "held: " + "; ".join(parts)
 
 
 def die_with_parent(parent_pid: int) -> Callable[[], None]:

@@ -23,3 +23,18 @@ def test_draws_before_either_is_bound_never_coincide() -> None:
     # A range of 40 ports makes a repeat all but certain in 30 independent draws.
     ports = [free_port("127.0.0.1", 31900, 31940) for _ in range(30)]
     assert len(set(ports)) == len(ports)
+
+
+def test_a_taken_port_names_its_holder() -> None:
+    import os
+
+    import pytest
+
+    from slime_like.core.process import PortInUseError, check_port_free
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(PortInUseError, match=rf"LISTEN 127\.0\.0\.1:{port} by pid {os.getpid()} \("):
+            check_port_free("127.0.0.1", port)
