@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
@@ -102,10 +103,11 @@ def port_holders(port: int) -> str:
         return "no socket holds it now"
     parts = []
     for conn in held[:3]:
-        try:
-            who = f"pid {conn.pid} ({' '.join(psutil.Process(conn.pid).cmdline())[:120]})" if conn.pid else "no pid"
-        except psutil.Error:
-            who = f"pid {conn.pid}"
+        who = f"pid {conn.pid}" if conn.pid else "no pid (another user's process)"
+        with contextlib.suppress(psutil.Error):
+            if conn.pid:
+                command = " ".join(" ".join(psutil.Process(conn.pid).cmdline()).split())  # one line: `python -c`
+                who += f" ({command[:120]})"
         parts.append(f"{conn.status} {conn.laddr.ip}:{port} by {who}")
     return "held: " + "; ".join(parts)
 
