@@ -63,18 +63,19 @@ def free_port(host: str = "127.0.0.1", low: int | None = None, high: int | None 
     """A port free on `host` right now, drawn from [low, high) (default LISTEN_PORTS); another process may
     still take it before it is bound, but not as an outgoing connection's source port."""
     low, high = (low, high) if low is not None and high is not None else LISTEN_PORTS
-    for port in _PORT_DRAW.sample(range(low, high), min(200, high - low)):
-        with _HANDED_OUT_LOCK:
+    # One draw at a time: another thread's probe bind must not hold a port this one just handed out while the caller
+    # checks it (bench_starts.py saw "already in use ... no socket holds it now" three times in 132 engine starts).
+    with _HANDED_OUT_LOCK:
+        for port in _PORT_DRAW.sample(range(low, high), min(200, high - low)):
             if port in _HANDED_OUT:
                 continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        with _HANDED_OUT_LOCK:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
             _HANDED_OUT.append(port)
-        return port
+            return port
     raise PortInUseError(f"no free port found on {host} in [{low}, {high}) after 200 tries")
 
 

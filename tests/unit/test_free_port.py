@@ -38,3 +38,20 @@ def test_a_taken_port_names_its_holder() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(PortInUseError, match=rf"LISTEN 127\.0\.0\.1:{port} by pid {os.getpid()} \("):
             check_port_free("127.0.0.1", port)
+
+
+def test_threads_drawing_at_once_never_share_or_block_a_port() -> None:
+    # Engines start side by side in threads: each draws and checks at once. A draw's probe bind used to hold a
+    # port another thread had just been handed, failing that thread's check ("no socket holds it now").
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slime_like.core.process import check_port_free
+
+    def draw_and_check(_: int) -> int:
+        port = free_port("127.0.0.1", 31800, 31900)
+        check_port_free("127.0.0.1", port)
+        return port
+
+    with ThreadPoolExecutor(4) as pool:
+        ports = list(pool.map(draw_and_check, range(60)))
+    assert len(set(ports)) == len(ports)
