@@ -35,7 +35,7 @@ def checkpoint_version(args: Any) -> int:
 
 def can_catch_up(args: Any, version: int) -> bool:
     """Whether an engine can be brought to `version` here, without the trainer."""
-    if getattr(args, "lora_rank", 0):  # the adapters come from the trainer alone, every one (its update sends all)
+    if checkpoint_version(args) < 0:  # LoRA: the adapters come from the trainer alone, every one (its update sends all)
         return False
     if version == 0:
         return True
