@@ -35,6 +35,7 @@ from megatron.core.models.gpt import GPTModel
 
 from slime_like.core.hf_config import hf_field, text_config
 from slime_like.trainer.megatron.bridges import Qwen3_5Bridge, fix_hf_config, rope_parameters
+from slime_like.trainer.megatron.families import VISION_BUILT
 
 # The processor's tensors the trainer feeds the model (slime's Sample.multimodal_train_inputs); other keys (e.g.
 # mm_token_type_ids) are not needed: positions come from the token ids.
@@ -466,6 +467,5 @@ def refuse_images(multimodal: Sequence[dict[str, Any] | None], hf_config: Any) -
         raise ValueError(
             f"image inputs reached the trainer, but this model ({getattr(hf_config, 'model_type', None)}) is built "
             "without a vision tower: the trainer's vision path is built for Qwen2.5-VL, Qwen3-VL(-MoE) and Qwen3.5 "
-            "(qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe). Train one of those, or drop --multimodal-keys "
-            "to train on text"
+            f"({', '.join(VISION_BUILT)}). Train one of those, or drop --multimodal-keys to train on text"
         )
