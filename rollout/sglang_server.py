@@ -218,13 +218,13 @@ class SGLangServer:
 
     def _drawn_port(self) -> int:
         """A free port for the server (LISTEN_PORTS: port + 10000, SGLang's gRPC port, stays valid), drawn again
-        when it is taken by the time it is checked (scripts/bench/bench_starts.py saw this twice in 82 starts)."""
+        when another process binds it between the draw and the check (free_port serialises this process's draws)."""
         for _ in range(5):
             port = free_port(self.host)
             try:
                 check_port_free(self.host, port)
                 return port
-            except PortInUseError as exc:  # the message names what holds it (a cause not yet understood)
+            except PortInUseError as exc:  # the message names what holds it
                 logger.warning("a port drawn for the server was taken at once (%s); drawing another", exc)
         return free_port(self.host)  # a fifth race in a row: start() names the port when it fails
 
