@@ -42,8 +42,8 @@ def add_local_kernel_arguments(parser: argparse.ArgumentParser) -> None:
         "--local-fused-elementwise",
         default="auto",
         choices=CHOICES,
-        help="RMSNorm (q/k and zero-centred norms too), RoPE and SwiGLU fused by torch.compile; auto: on with CUDA, off on the CPU "
-        "(on the CPU, `on` needs a C compiler)",
+        help="RMSNorm (q/k and zero-centred norms too), RoPE and SwiGLU fused by torch.compile; auto: on with CUDA, "
+        "off on the CPU (on the CPU, `on` needs a C compiler)",
     )
     g.add_argument(
         "--local-grouped-experts",
