@@ -5,7 +5,8 @@ two-block vision tower and a two-layer language model (Qwen3-VL-MoE: three of ea
 as published; its experts stacked in the published layout, which SGLang reads), a locally trained BPE tokenizer
 carrying the family's vision special tokens, an image processor sized so one image is a handful of tokens, and a chat
 template that renders image content parts as the Qwen templates do (``<|vision_start|><|image_pad|><|vision_end|>``,
-the processor then expands the pad to one token per merged patch). ``AutoProcessor.from_pretrained(out)`` and ``AutoModelForImageTextToText`` load it.
+the processor then expands the pad to one token per merged patch). ``AutoProcessor.from_pretrained(out)`` and
+``AutoModelForImageTextToText`` load it.
 
 Example: python tools/make_tiny_vlm.py --out /tmp/tiny-qwen2_5_vl --family qwen2_5_vl
 """
