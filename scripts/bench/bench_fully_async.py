@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loop import REPO, TAG, kill_leftovers, median, prepare, run_logged, tagged_processes  # noqa: E402
+from bench_common import REPO, TAG, kill_leftovers, median, prepare, run_logged, tagged_processes  # noqa: E402
 
 MODES = {  # name -> the entry point's module and extra flags
     "sync": ("slime_like.train", []),

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loop import REPO, median, prepare, prompt_rows  # noqa: E402
+from bench_common import REPO, median, prepare, prompt_rows  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 GOAL = 0.9

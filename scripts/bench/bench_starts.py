@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loop import REPO, TAG, kill_leftovers, prepare, tagged_processes  # noqa: E402
+from bench_common import REPO, TAG, kill_leftovers, prepare, tagged_processes  # noqa: E402
 
 RESULT = "BENCH_STARTS_RESULT "  # the full-start child's last line: this prefix, then its phases as JSON
 FAILURE = "BENCH_STARTS_FAILURE "  # or this prefix, then the error as JSON

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loop import REPO, TAG, kill_leftovers, tagged_processes  # noqa: E402
+from bench_common import REPO, TAG, kill_leftovers, tagged_processes  # noqa: E402
 
 API_KEY_ENV = "SLIME_LIKE_API_KEY"  # slime_like.core.secret.API_KEY_ENV: the run's secret, set here to ask the router
 
