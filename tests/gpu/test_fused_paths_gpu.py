@@ -162,8 +162,7 @@ def test_fast_paths_match_reference_model(
         hf_dir = request.getfixturevalue(f"tiny_{family}")
     ref_bridge, ref = _model(hf_dir, False, False, dtype)
     bridge, fast = _model(hf_dir, fused, grouped, dtype)
-    rope = fused and not family.startswith("qwen3_5")  # Qwen3.5's multimodal rope stays unfused (vision_language.py)
-    assert bool(bridge.config.apply_rope_fusion) == rope and not ref_bridge.config.apply_rope_fusion
+    assert bool(bridge.config.apply_rope_fusion) == fused and not ref_bridge.config.apply_rope_fusion
     fused_norms = [m for m in fast.modules() if isinstance(m, FusedRMSNorm | FusedZeroCenteredRMSNorm)]
     assert bool(fused_norms) == fused
     experts = [m for m in fast.modules() if isinstance(m, SequentialMLP)]

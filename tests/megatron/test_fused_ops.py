@@ -158,11 +158,12 @@ def _norm_counts(model: torch.nn.Module) -> Counter:
 # (fused norms, unfused norms left, RoPE fused) per family. Qwen3: input, pre-MLP, q and k norms per layer (2 layers)
 # and the final norm. Qwen3-Next / Qwen3.5 (4 layers, gated attention in layers 2 and 4): the same, zero-centred, and
 # the two gated delta nets' out_norms, which stay RMSNorm (Megatron compiles them with their gate: gated_delta_net.py).
-# Qwen3.5's checkpoints are vision-language ones: multimodal RoPE, which vision_language.py leaves unfused.
+# Qwen3.5's checkpoints are vision-language ones: multimodal RoPE, fused as well (with two rows, as here, Megatron runs
+# it unfused; tests/megatron/test_vlm_parity.py::test_fused_mrope_matches_transformers runs the kernel).
 FUSED = {
     "qwen3": ({"FusedRMSNorm": 9}, {}, True),
     "qwen3_next": ({"FusedZeroCenteredRMSNorm": 13}, {"RMSNorm": 2}, True),
-    "qwen3_5_moe": ({"FusedZeroCenteredRMSNorm": 13}, {"RMSNorm": 2}, False),
+    "qwen3_5_moe": ({"FusedZeroCenteredRMSNorm": 13}, {"RMSNorm": 2}, True),
 }
 
 

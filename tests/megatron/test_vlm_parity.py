@@ -436,6 +436,42 @@ def test_qwen3_5_with_images_matches_transformers(moe, tiny_qwen3, megatron_worl
         assert moved == train_vision
 
 
+@pytest.mark.parametrize(("family", "layout"), [("qwen2_5_vl", "packed"), ("qwen2_5_vl", "thd"), ("qwen3_5", "packed")])
+def test_fused_mrope_matches_transformers(
+    family, layout, random_qwen2_5_vl, tiny_qwen3, megatron_world, tmp_path, monkeypatch
+):
+    """--local-fused-elementwise: multimodal RoPE (Qwen2.5-VL's consecutive sections, Qwen3.5's interleaved ones) runs
+    on the compiled RoPE kernel, with a one-row micro-batch and with THD; log-probs with images equal transformers'."""
+    import json
+
+    from slime_like.trainer.megatron import fused_ops
+    from slime_like.trainer.megatron.engine import MegatronTrainEngine
+    from slime_like.trainer.megatron.local_kernels_flags import LocalKernels
+
+    calls = []
+
+    def counted(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        calls.append(freqs.shape[0])
+        return fused_ops.rope_math(t, freqs)
+
+    monkeypatch.setattr(fused_ops, "_rope_fused", counted)
+    hf_dir = random_qwen2_5_vl if family == "qwen2_5_vl" else make_qwen3_5_vl(tmp_path / "qwen3_5", tiny_qwen3)
+    samples = vlm_samples(hf_dir)
+    thd = {"layout": "thd", "torch_attention": "sdpa"} if layout == "thd" else {}
+    with torch._dynamo.config.patch(disable=True):  # the fused norms' eager bodies (tests/megatron/test_fused_ops.py)
+        engine = MegatronTrainEngine(
+            hf_dir, None, max_tokens_per_micro_batch=4096, local_kernels=LocalKernels(fused_elementwise=True), **thd
+        )
+        assert engine.bridge.config.apply_rope_fusion
+        got = engine.forward_logprobs([t for t, _ in samples], multimodal=[m for _, m in samples])
+    text = json.loads((Path(hf_dir) / "config.json").read_text())["text_config"]
+    rope_layers = text.get("layer_types", ["full_attention"] * text["num_hidden_layers"]).count("full_attention")
+    assert len(calls) == 2 * rope_layers  # queries and keys of every attention layer, in the one micro-batch
+    assert all(n >= sum(len(t) for t, _ in samples) for n in calls)  # frequencies per token, not per position
+    for ours, theirs in zip(got, hf_logprobs(hf_dir), strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("moe", [False, True], ids=["qwen3_vl", "qwen3_vl_moe"])
 def test_qwen3_vl_with_deepstack_matches_transformers(moe, megatron_world, tmp_path):
     """Qwen3-VL: Qwen3's layers with interleaved mrope, the tower's deepstack features added after the first two

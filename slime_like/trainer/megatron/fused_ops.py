@@ -8,6 +8,7 @@ body is the reference math, with the backward derived by AOTAutograd from the sa
   The hybrid spec's zero-centred norms (Qwen3-Next/3.5) run the same kernel (gated_delta_net.FusedZeroCenteredRMSNorm).
 - RoPE: Megatron's own hook, `apply_rope_fusion`, calls `rope_utils.fused_apply_rotary_pos_emb` (TE's kernel when TE
   is there); without TE it is None, so install_fused_rope puts ours there (bshd and, for packed sequences, thd).
+  It takes frequencies per token too: the VL families' multimodal RoPE (vision_language.py) runs on it.
 - SwiGLU: Megatron's own `bias_activation_fusion`, whose bias_swiglu_impl is compiled by megatron.core.jit's
   jit_fuser (torch.compile on torch >= 2.2); the local spec used to turn it off.
 The choice of paths is local_kernels_flags.py's; `fusion_config_overrides` says which of Megatron's switches a
@@ -16,6 +17,7 @@ built config can take (MLA, interleaved RoPE and non-SwiGLU activations keep the
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -110,6 +112,19 @@ def install_fused_rope() -> None:
         rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     if rope_utils.fused_apply_rotary_pos_emb_thd is None:
         rope_utils.fused_apply_rotary_pos_emb_thd = fused_apply_rotary_pos_emb_thd
+    # With several rows (the "padded" layout) Megatron runs multimodal RoPE unfused, which is right, and warns
+    # to turn the fusion off; one-row micro-batches and THD take the compiled kernel.
+    warnings.filterwarnings("ignore", message="apply_rope_fusion does not support mRoPE", category=UserWarning)
+
+
+def compiled_rope_installed() -> bool:
+    """Whether Megatron's RoPE fusion calls this module's compiled RoPE (not Transformer Engine's kernels)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    return (
+        rope_utils.fused_apply_rotary_pos_emb is fused_apply_rotary_pos_emb
+        and rope_utils.fused_apply_rotary_pos_emb_thd is fused_apply_rotary_pos_emb_thd
+    )
 
 
 def fusion_config_overrides(config: Any) -> dict[str, Any]:

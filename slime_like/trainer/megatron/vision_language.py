@@ -36,6 +36,7 @@ from megatron.core.models.gpt import GPTModel
 from slime_like.core.hf_config import hf_field, text_config
 from slime_like.trainer.megatron.bridges import Qwen3_5Bridge, fix_hf_config, rope_parameters
 from slime_like.trainer.megatron.families import VISION_BUILT
+from slime_like.trainer.megatron.fused_ops import compiled_rope_installed
 
 # The processor's tensors the trainer feeds the model (slime's Sample.multimodal_train_inputs); other keys (e.g.
 # mm_token_type_ids) are not needed: positions come from the token ids.
@@ -331,14 +332,15 @@ def is_vision_language(model: Sequence[torch.nn.Module], cp_size: int = 1) -> bo
 
 
 def _mrope_config(config: Any, hf_text_config: Any, family: str) -> Any:
-    """The TransformerConfig with the text config's mrope_section (rope fusion off: Megatron fuses 1-D rope only)."""
+    """The TransformerConfig with the text config's mrope_section; RoPE fusion kept only on fused_ops' compiled RoPE
+    (it takes mrope's per-token frequencies; TE's THD kernel indexes them by position in the sequence)."""
     rope = rope_parameters(hf_text_config)
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
         raise ValueError(f"rope_type {rope.get('rope_type')!r} in the HF config: {family} runs plain mrope only")
     if "mrope_section" not in rope:
         raise ValueError(f"the HF config's rope_parameters have no mrope_section: not a {family} text config")
     config.mrope_section = list(rope["mrope_section"])
-    config.apply_rope_fusion = False
+    config.apply_rope_fusion = bool(config.apply_rope_fusion) and compiled_rope_installed()
     return config
 
 
