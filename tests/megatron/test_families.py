@@ -374,7 +374,8 @@ def test_qwen3_next_packed_sequences_match_separate_forwards(tiny_qwen3_next: Pa
         packed = forward_on_device(m, torch.cat([first, second], 1), positions, mask[None, None])
     torch.testing.assert_close(packed[:, :9], alone[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(packed[:, 9:], alone[1], atol=1e-5, rtol=0)
-    # With Transformer Engine the boundaries come as THD's cu_seqlens instead: the layer splits there the same way.
+    # The layer alone, as THD's cu_seqlens give the boundaries too: the packed row at once (conv and delta rule cut
+    # at the boundary) equals megatron-core's forward run per sequence, outputs and gradients (conv1d, A_log, ...).
     from megatron.core.packed_seq_params import PackedSeqParams
 
     gdn = m.decoder.layers[0].self_attention
@@ -382,10 +383,24 @@ def test_qwen3_next_packed_sequences_match_separate_forwards(tiny_qwen3_next: Pa
     hidden = torch.randn(23, 1, 64, generator=g).to(device)
     cu_seqlens = torch.tensor([0, 9, 23], dtype=torch.int32, device=device)
     thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens)
-    with torch.no_grad():
-        by_mask, by_thd = gdn(hidden, mask[None, None].to(device))[0], gdn(hidden, None, packed_seq_params=thd)[0]
-        separate = torch.cat([gdn(hidden[:9], None)[0], gdn(hidden[9:], None)[0]])
-    assert torch.equal(by_mask, separate) and torch.equal(by_thd, separate)
+    weights = torch.randn(23, 1, 64, generator=g).to(device)
+
+    def run(forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        gdn.zero_grad()
+        out = forward()
+        (out * weights).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in gdn.named_parameters()}
+
+    separate, separate_grads = run(lambda: torch.cat([gdn(hidden[:9], None)[0], gdn(hidden[9:], None)[0]]))
+    for forward in (
+        lambda: gdn(hidden, mask[None, None].to(device))[0],
+        lambda: gdn(hidden, None, packed_seq_params=thd)[0],
+    ):
+        out, grads = run(forward)
+        torch.testing.assert_close(out, separate, atol=1e-6, rtol=0)
+        assert list(grads) == list(separate_grads) and "conv1d.weight" in grads
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, separate_grads[name], atol=1e-6 * separate_grads[name].abs().max(), rtol=0)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

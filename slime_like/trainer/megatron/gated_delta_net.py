@@ -7,7 +7,8 @@ full-attention layers, with zero-centered RMSNorms.
   (the ones transformers' Qwen3-Next falls back to), so the layer runs on CPU; its causal conv1d already falls
   back to torch's Conv1d when `causal_conv1d` is absent.
 - Sequences: GatedDeltaNet ignores the attention mask and refuses packed (THD) sequences; `PackedGatedDeltaNet`
-  runs it once per sequence of a packed row (block-diagonal mask or `cu_seqlens`), so state never crosses them.
+  runs a packed row (block-diagonal mask or `cu_seqlens`) at once, its causal conv and delta-rule state cut at each
+  sequence's start: fla's kernel takes the row's cu_seqlens in one call; the CPU's torch kernel runs per sequence.
 - Norms: Qwen3-Next's RMSNorms scale by (1 + weight) (Megatron's `layernorm_zero_centered_gamma`), which
   Megatron's torch norm refuses: the local (CPU) spec gets `ZeroCenteredRMSNorm`. The norm inside the linear
   attention (HF `linear_attn.norm`) scales by its weight alone: `RMSNorm` on every backend, so HF weights load
@@ -145,13 +146,79 @@ class PackedGatedDeltaNet(GatedDeltaNet):
                 "gated delta net layers with packed sequences run without --sequence-parallel (each rank holds part of "
                 "the sequence); turn it off or use one sequence per micro-batch row"
             )
-        out = torch.empty_like(hidden_states)
-        bias = None
-        for b, segments in enumerate(rows):
-            for start, end in segments:
-                part, bias = super().forward(hidden_states[start:end, b : b + 1], None, *args, **kwargs)
-                out[start:end, b : b + 1] = part
-        return out, bias
+        parts = [self._packed_row(hidden_states[:, b : b + 1], segments) for b, segments in enumerate(rows)]
+        return torch.cat([out for out, _ in parts], dim=1), parts[0][1]
+
+    def _packed_row(self, hidden_states: torch.Tensor, segments: list[tuple]) -> tuple[torch.Tensor, Any]:
+        """GatedDeltaNet.forward's steps for one [s, 1, h] row of whole sequences at once: the projections, gates and
+        norms per token as there, the causal conv and the delta rule kept inside each sequence (_segment_conv,
+        _varlen_delta_rule); the same output as running the module once per sequence."""
+        length = hidden_states.shape[0]
+        qkvzba, _ = self.in_proj(hidden_states)
+        qkv, gate, beta, alpha = torch.split(
+            qkvzba.transpose(0, 1),
+            [
+                (self.qk_dim * 2 + self.v_dim) // self.tp_size,
+                self.v_dim // self.tp_size,
+                self.num_value_heads // self.tp_size,
+                self.num_value_heads // self.tp_size,
+            ],
+            dim=-1,
+        )
+        gate = gate.reshape(1, length, -1, self.value_head_dim)
+        bounds = torch.tensor([0, *(end for _, end in segments)], device=hidden_states.device)
+        qkv = self.act_fn(_segment_conv(self.conv1d, qkv.transpose(1, 2), bounds)).transpose(1, 2)
+        query, key, value = torch.split(
+            qkv, [self.qk_dim // self.tp_size, self.qk_dim // self.tp_size, self.v_dim // self.tp_size], dim=-1
+        )
+        query = query.reshape(1, length, -1, self.key_head_dim)
+        key = key.reshape(1, length, -1, self.key_head_dim)
+        value = value.reshape(1, length, -1, self.value_head_dim).contiguous()
+        if self.use_qk_l2norm:
+            query, key = _gdn.l2norm(query.contiguous()), _gdn.l2norm(key.contiguous())
+        if self.num_value_heads // self.num_key_heads > 1:
+            query = query.repeat_interleave(self.num_value_heads // self.num_key_heads, dim=2)
+            key = key.repeat_interleave(self.num_value_heads // self.num_key_heads, dim=2)
+        g = -self.A_log.exp() * torch.nn.functional.softplus(alpha.reshape(1, length, -1).float() + self.dt_bias)
+        kernel = _gdn.torch_chunk_gated_delta_rule if self.config.deterministic_mode else _gdn.chunk_gated_delta_rule
+        core = _varlen_delta_rule(kernel, query.contiguous(), key.contiguous(), value, g, beta.sigmoid(), bounds)
+        norm_out = self._apply_gated_norm(core, gate.contiguous()).reshape(1, length, -1)
+        return self.out_proj(norm_out.transpose(0, 1).contiguous())
+
+
+def _segment_conv(conv: torch.nn.Conv1d, x: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """GatedDeltaNet's causal conv (`conv` pads width - 1 on both sides; the first outputs are causal) of x
+    [1, channels, s] with no window crossing a sequence start: width - 1 zeros go before every sequence, as before a
+    sequence run alone, and each token's output is read back from its shifted place. bounds: [0, each sequence's end].
+    """
+    pad, length = conv.kernel_size[0] - 1, x.shape[-1]
+    lengths = bounds[1:] - bounds[:-1]
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=x.device), lengths, output_size=length)
+    shifted = torch.arange(length, device=x.device) + pad * (sequence + 1)
+    spread = x.new_zeros(*x.shape[:-1], length + pad * len(lengths)).index_copy(-1, shifted, x)
+    return conv(spread)[..., : spread.shape[-1]].index_select(-1, shifted)
+
+
+def _varlen_delta_rule(
+    kernel: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    bounds: torch.Tensor,
+) -> torch.Tensor:
+    """The chunked gated delta rule over packed [1, s, ...] inputs, its state restarting at every bound: one call with
+    cu_seqlens on fla's kernel, one call per sequence on the torch fallbacks (they take no cu_seqlens)."""
+    common = {"initial_state": None, "output_final_state": False, "use_qk_l2norm_in_kernel": False}
+    if getattr(kernel, "__module__", "").startswith("fla."):
+        return kernel(query, key, value, g=g, beta=beta, cu_seqlens=bounds.long(), **common)[0]
+    cuts = [int(b) for b in bounds.tolist()]
+    outs = [
+        kernel(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b], **common)[0]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+    ]
+    return torch.cat(outs, dim=1)
 
 
 def _linear_attention_spec(local: bool) -> ModuleSpec:
