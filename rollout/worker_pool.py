@@ -18,6 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from slime_like.core.process import forking
+
 
 class WorkerError(RuntimeError):
     """The scoring function raised in the worker, or the worker died."""
@@ -28,13 +30,14 @@ class _Worker:
 
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollout.reward_worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches the run, not the workers mid-call
-        )
+        with forking():  # no port probe of this process open while it forks (slime_like/core/process.py)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rollout.reward_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches the run, not the workers mid-call
+            )
         self._buffer = b""
 
     def call(self, target: str, args: list[Any], timeout: float | None) -> Any:
