@@ -92,8 +92,9 @@ def kill_leftovers(tag: str, where: str, grace: float = 0.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def prepare(work: Path, args: argparse.Namespace) -> Path:
-    """The tiny model (as in the demo), the addition data and optionally an SFT warm start."""
+def prepare(work: Path, sft_steps: int = 0) -> Path:
+    """The tiny model (as in the demo) and the addition data under `work`, and the model to run: the tiny one, or its
+    SFT warm start after `sft_steps` steps (each kept when already there)."""
     py = sys.executable
     base, data = work / "base", work / "data"
     if not (base / "config.json").exists():
@@ -106,13 +107,13 @@ def prepare(work: Path, args: argparse.Namespace) -> Path:
         run_logged(
             [py, "tools/make_demo_data.py", "--out", str(data), "--max-operand", "9"], work / "logs" / "data.log"
         )
-    if args.sft_steps <= 0:
+    if sft_steps <= 0:
         return base
-    sft = work / f"sft{args.sft_steps}"
+    sft = work / f"sft{sft_steps}"
     if not (sft / "model.safetensors").exists():
         run_logged(
             [py, "tools/sft_warmstart.py", "--hf-checkpoint", str(base), "--data", str(data / "sft.jsonl"),
-             "--out", str(sft), "--steps", str(args.sft_steps)],
+             "--out", str(sft), "--steps", str(sft_steps)],
             work / "logs" / "sft.log",
         )  # fmt: skip
     return sft

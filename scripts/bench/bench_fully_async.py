@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     load = "/".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"fully-async benchmark: {os.cpu_count()} CPU cores, load average {load}, work dir {work}", flush=True)
     try:
-        model = prepare(work, a)
+        model = prepare(work, a.sft_steps)
         data, n_long, n_rows = long_tail_data(work, a.long_every, a.long_factor)
         print(
             f"job: tiny Qwen3 after {a.sft_steps} SFT steps; {a.rollout_batch_size} prompts x {a.n_samples_per_prompt} "

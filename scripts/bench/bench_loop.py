@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, float] = {}
     bench = None
     try:
-        model = prepare(work, args)
+        model = prepare(work, args.sft_steps)
         print(
             f"model: {model.name} (Qwen3, hidden 128, ffn 256, 4 layers, {'SFT' if args.sft_steps else 'random init'})"
         )

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     args.rollout_batch_size = args.samples  # prepare/prompt_rows read these
     server = router = None
     try:
-        model = prepare(work, args)
+        model = prepare(work, args.sft_steps)
         flags = ["--hf-checkpoint", str(model), "--prompt-data", str(work / "data" / "train.jsonl")]
         flags += ["--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-temperature", "1.0"]
         run_args = parse_run_args([*flags, "--output-dir", str(work / "out")])

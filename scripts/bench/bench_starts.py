@@ -338,8 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.full_start_child is not None:
         return full_start_child(args.full_start_child)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="bench_starts_"))).resolve()
-    prep = argparse.Namespace(sft_steps=0)
-    model = prepare(work, prep)
+    model = prepare(work)
     load = os.getloadavg()
     print(f"[bench_starts] work dir {work}; {os.cpu_count()} CPUs, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     began = time.monotonic()

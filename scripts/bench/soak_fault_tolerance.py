@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import REPO, TAG, kill_leftovers, tagged_processes  # noqa: E402
+from bench_common import REPO, TAG, kill_leftovers, prepare, tagged_processes  # noqa: E402
 
 API_KEY_ENV = "SLIME_LIKE_API_KEY"  # slime_like.core.secret.API_KEY_ENV: the run's secret, set here to ask the router
 
@@ -66,35 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_step(cmd: list[str], log: Path) -> None:
-    """One set-up command, its output to `log`; stops the soak with the log's tail if it fails."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        code = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT).returncode
-    if code:
-        raise SystemExit(f"{' '.join(cmd[:3])} ... failed ({code}):\n{log.read_text()[-3000:]}")
-
-
-def prepare(work: Path) -> tuple[Path, Path]:
-    """The demo's tiny model, its addition data and SFT warm start (each kept when already there); (model, data)."""
-    py = sys.executable
-    base, data, sft = work / "base", work / "data", work / "sft"
-    if not (base / "config.json").exists():
-        run_step(
-            [py, "tools/make_tiny_model.py", "--out", str(base), "--hidden-size", "128", "--ffn-hidden-size", "256",
-             "--num-layers", "4", "--num-heads", "4", "--num-kv-heads", "2"],
-            work / "logs" / "make_tiny_model.log",
-        )  # fmt: skip
-    if not (data / "eval.jsonl").exists():
-        run_step([py, "tools/make_demo_data.py", "--out", str(data), "--max-operand", "9"], work / "logs" / "data.log")
+def prepare_soak(work: Path) -> tuple[Path, Path]:
+    """The demo's tiny model after its 60-step SFT warm start, and its addition data with all.jsonl (train and eval
+    rows together); (model, data)."""
+    model, data = prepare(work, sft_steps=60), work / "data"
+    if not (data / "all.jsonl").exists():
         (data / "all.jsonl").write_text((data / "train.jsonl").read_text() + (data / "eval.jsonl").read_text())
-    if not (sft / "model.safetensors").exists():
-        run_step(
-            [py, "tools/sft_warmstart.py", "--hf-checkpoint", str(base), "--data", str(data / "sft.jsonl"),
-             "--out", str(sft), "--steps", "60"],
-            work / "logs" / "sft.log",
-        )  # fmt: skip
-    return sft, data
+    return model, data
 
 
 def run_command(args: argparse.Namespace, model: Path, data: Path, out: Path) -> list[str]:
@@ -320,7 +298,7 @@ def report(args: argparse.Namespace, out: Path, log: Path, record: dict[str, Any
 
 def run_soak(args: argparse.Namespace, work: Path, out: Path, log: Path) -> dict[str, Any]:
     """Run the job while killing engines; the soak's record (also saved as output-dir/soak.json)."""
-    model, data = prepare(work)
+    model, data = prepare_soak(work)
     if out.exists():
         import shutil
 
