@@ -149,7 +149,6 @@ def main(argv: list[str] | None = None) -> None:
     from slime_like.arguments import parse_args as parse_run_args
 
     work = Path(tempfile.mkdtemp(prefix="bench-openai-"))
-    args.rollout_batch_size = args.samples  # prepare/prompt_rows read these
     server = router = None
     try:
         model = prepare(work, args.sft_steps)
